@@ -1,0 +1,23 @@
+"""triton-workshop: learn to write GPU kernels in Triton, and use fast fused kernels in PyTorch.
+
+Importing this package decides, once, whether kernels compile for the GPU or run in Triton's
+interpreter (see :mod:`triton_workshop.runtime`); import it before defining any ``@triton.jit``
+kernel of your own.
+"""
+
+from . import runtime  # first: sets TRITON_INTERPRET before any kernel is decorated
+from .runtime import DEVICE, INTERPRET
+from .debug import cdiv, ceiling_divide, check_tensors_gpu_ready
+from .ops.elementwise import add, fused_mul_add_sqrt
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DEVICE",
+    "INTERPRET",
+    "add",
+    "cdiv",
+    "ceiling_divide",
+    "check_tensors_gpu_ready",
+    "fused_mul_add_sqrt",
+]

@@ -1,0 +1,186 @@
+"""Where kernels run, and what every launcher needs before it launches one.
+
+Triton reads ``TRITON_INTERPRET`` when ``@triton.jit`` *decorates* a function, so the choice between
+the interpreter and the GPU compiler has to be made before any kernel module is imported. This module
+makes it once, on import (``triton_workshop/__init__.py`` imports it first):
+
+* the user set ``TRITON_INTERPRET=1``: interpreter, even on a GPU machine;
+* no CUDA device: interpreter, set for the user, and said once on stderr;
+* otherwise: kernels compile for the GPU.
+
+It also holds the argument checks that every launcher runs (clear ``TypeError``/``ValueError`` naming
+the argument, before anything launches), the device guard, autotuning that degrades to one config
+in the interpreter, and the one helper that registers an op with ``torch.library``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from typing import Callable, Iterable, Sequence
+
+import torch
+
+_QUIET = os.environ.get("TRITON_WORKSHOP_QUIET", "") not in ("", "0")
+
+
+def _decide_interpreter() -> tuple[bool, str]:
+    flag = os.environ.get("TRITON_INTERPRET", "")
+    if flag not in ("", "0"):
+        return True, "TRITON_INTERPRET=1 is set"
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+        return True, "no CUDA device found"
+    return False, ""
+
+
+INTERPRET, INTERPRET_REASON = _decide_interpreter()
+
+#: The device new tensors should live on: the GPU when there is one (the interpreter reads CUDA
+#: tensors too), the CPU otherwise.
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+if INTERPRET and not _QUIET:
+    print(
+        f"triton-workshop: interpreter mode ({INTERPRET_REASON}): kernels run on the CPU through "
+        "Triton's interpreter; results are exact, speed is not representative.",
+        file=sys.stderr,
+    )
+
+import triton  # noqa: E402  (after the decision above, on purpose)
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def mode_description() -> str:
+    if INTERPRET:
+        return f"interpreter ({INTERPRET_REASON})"
+    return f"GPU: {torch.cuda.get_device_name()}"
+
+
+# --------------------------------------------------------------------------------------------
+# Argument checks. Each raises before any kernel launches and names the argument.
+# --------------------------------------------------------------------------------------------
+def _dtype_names(dtypes: Iterable[torch.dtype]) -> str:
+    return ", ".join(str(d).replace("torch.", "") for d in dtypes)
+
+
+def check_tensor(
+    t,
+    name: str,
+    *,
+    dtypes: Sequence[torch.dtype] | None = None,
+    ndim: int | Sequence[int] | None = None,
+) -> None:
+    """Type, device, dtype and rank of one tensor argument."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    check_kernel_device(t, name)
+    if dtypes is not None and t.dtype not in dtypes:
+        raise TypeError(f"{name} must have dtype in ({_dtype_names(dtypes)}), got {t.dtype}")
+    if ndim is not None:
+        allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
+        if t.dim() not in allowed:
+            want = " or ".join(str(n) for n in allowed)
+            raise ValueError(f"{name} must have {want} dimensions, got shape {tuple(t.shape)}")
+
+
+def check_kernel_device(t: torch.Tensor, name: str) -> None:
+    """On the GPU a kernel reads CUDA memory only; the interpreter reads CPU and CUDA tensors."""
+    if t.device.type == "cuda":
+        return
+    if INTERPRET and t.device.type == "cpu":
+        return
+    where = "a CUDA device" if not INTERPRET else "the CPU or a CUDA device"
+    hint = " (move it with .cuda())" if t.device.type == "cpu" else ""
+    raise ValueError(f"{name} must be on {where}, got a tensor on {t.device}{hint}")
+
+
+def check_same_device(**tensors: torch.Tensor) -> None:
+    """All named tensors on one device: a kernel cannot read across devices."""
+    items = [(n, t) for n, t in tensors.items() if t is not None]
+    if not items:
+        return
+    first_name, first = items[0]
+    for name, t in items[1:]:
+        if t.device != first.device:
+            raise ValueError(
+                f"{name} is on {t.device} but {first_name} is on {first.device}: "
+                "all tensors must be on the same device"
+            )
+
+
+def check_same_dtype(**tensors: torch.Tensor) -> None:
+    items = [(n, t) for n, t in tensors.items() if t is not None]
+    if not items:
+        return
+    first_name, first = items[0]
+    for name, t in items[1:]:
+        if t.dtype != first.dtype:
+            raise TypeError(
+                f"{name} has dtype {t.dtype} but {first_name} has {first.dtype}: "
+                "they must match"
+            )
+
+
+def device_guard(t: torch.Tensor):
+    """Launch on the tensor's own device (``cuda:1`` works), not on the current one."""
+    if t.device.type == "cuda":
+        return torch.cuda.device(t.device)
+    return contextlib.nullcontext()
+
+
+# --------------------------------------------------------------------------------------------
+# Tuning.
+# --------------------------------------------------------------------------------------------
+def autotune(configs: Sequence[triton.Config], key: Sequence[str], **kwargs):
+    """``triton.autotune`` on the GPU; in the interpreter only the first config (which must be
+    a sensible default), because the interpreter cannot benchmark."""
+    if INTERPRET:
+        configs = list(configs)[:1]
+    return triton.autotune(configs=list(configs), key=list(key), **kwargs)
+
+
+def num_sms(device: torch.device | None = None) -> int:
+    if INTERPRET or not torch.cuda.is_available():
+        return 4
+    return torch.cuda.get_device_properties(device or torch.cuda.current_device()).multi_processor_count
+
+
+# --------------------------------------------------------------------------------------------
+# Registration with torch.library, so that every public op works under torch.compile.
+# --------------------------------------------------------------------------------------------
+def wrap_triton(kernel):
+    """A kernel launch that ``torch.compile`` can trace (it runs the kernel directly in eager)."""
+    return torch.library.wrap_triton(kernel)
+
+
+def register_op(
+    name: str,
+    *,
+    fake: Callable | None = None,
+    mutates_args: Sequence[str] = (),
+) -> Callable[[Callable], Callable]:
+    """Register a launcher as the PyTorch op ``triton_workshop::<name>``.
+
+    On a GPU it becomes a ``torch.library.triton_op``: Inductor sees the Triton kernels inside
+    (launched through :func:`wrap_triton`) and can schedule them with the rest of the graph; its
+    fake implementation comes from running the launcher on fake tensors. In the interpreter
+    ``triton_op`` does not survive ``torch.compile`` (Inductor tries to run the kernel on fake
+    storage), so there it is an opaque ``torch.library.custom_op`` with ``fake`` registered as its
+    shape function. Autograd is added afterwards with ``op.register_autograd``.
+    """
+    qualname = f"triton_workshop::{name}"
+
+    def decorate(launcher: Callable) -> Callable:
+        if INTERPRET:
+            op = torch.library.custom_op(qualname, mutates_args=tuple(mutates_args))(launcher)
+            if fake is None:
+                raise TypeError(f"register_op({name!r}) needs fake= in interpreter mode")
+            op.register_fake(fake)
+        else:
+            op = torch.library.triton_op(qualname, mutates_args=tuple(mutates_args))(launcher)
+        return op
+
+    return decorate
