@@ -1,0 +1,194 @@
+"""Command line: ``workshop check|tour|filter|bench|list|setup-check`` and ``setup-check``.
+
+Parses arguments, calls into teach/ or bench/, prints. No kernels live here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import platform
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+MIN_PYTHON = (3, 10)
+MIN_TORCH = (2, 11)
+MIN_TRITON = (3, 6)
+
+
+def _version_tuple(v: str) -> tuple[int, ...]:
+    parts = []
+    for p in v.split("+")[0].split("."):
+        digits = "".join(ch for ch in p if ch.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
+# ----------------------------------------------------------------------------------------------
+# setup-check
+# ----------------------------------------------------------------------------------------------
+def setup_check(console: Console | None = None) -> int:
+    """One line per requirement with ✅/❌, optional pieces after, then a verdict."""
+    console = console or Console()
+    lines: list[tuple[bool, str, bool]] = []  # (ok, text, required)
+
+    def line(ok: bool, text: str, required: bool = True):
+        lines.append((ok, text, required))
+        console.print(f"{'✅' if ok else '❌'} {text}", highlight=False, markup=False)
+
+    py = sys.version_info
+    line(py[:2] >= MIN_PYTHON, f"Python {platform.python_version()} (need >= 3.10)")
+    try:
+        import torch
+        line(_version_tuple(torch.__version__) >= MIN_TORCH, f"PyTorch {torch.__version__} (need >= 2.11)")
+    except Exception as exc:
+        line(False, f"PyTorch not importable: {exc} (pip install torch)")
+        return _verdict(console, lines)
+    try:
+        import triton
+        line(_version_tuple(triton.__version__) >= MIN_TRITON, f"Triton {triton.__version__} (need >= 3.6)")
+    except Exception as exc:
+        line(False, f"Triton not importable: {exc} (pip install triton)")
+        return _verdict(console, lines)
+
+    from . import runtime
+
+    if torch.cuda.is_available():
+        cap = torch.cuda.get_device_capability()
+        gpu = f"GPU: {torch.cuda.get_device_name()} (compute capability {cap[0]}.{cap[1]})"
+        if runtime.INTERPRET:
+            gpu += ", but TRITON_INTERPRET=1 is set: interpreter mode"
+        line(True, gpu)
+    else:
+        line(True, "no GPU: interpreter mode (kernels run on the CPU through Triton's interpreter)")
+
+    try:
+        from .ops.elementwise import add
+        x = torch.randn(1000, device=runtime.DEVICE)
+        y = torch.randn(1000, device=runtime.DEVICE)
+        ok = bool(torch.equal(add(x, y), x + y))
+        line(ok, "a tiny Triton kernel " + ("compiled and " if not runtime.INTERPRET else "")
+             + ("ran and gave the right answer" if ok else "ran but gave a WRONG answer"))
+    except Exception as exc:
+        line(False, f"a tiny Triton kernel failed: {type(exc).__name__}: {str(exc)[:200]}")
+
+    for module, why in (("numpy", "arrays"), ("PIL", "images (pillow)"), ("rich", "tables"),
+                        ("matplotlib", "benchmark plots")):
+        ok = importlib.util.find_spec(module) is not None
+        line(ok, f"{module}: {'installed' if ok else 'missing (pip install -e .)'} ({why})")
+    for module, why in (("pytest", "tests: pip install -e '.[dev]'"),
+                        ("hypothesis", "property tests: pip install -e '.[dev]'"),
+                        ("liger_kernel", "a benchmark peer: pip install liger-kernel")):
+        ok = importlib.util.find_spec(module) is not None
+        line(ok, f"{module}: {'installed' if ok else 'missing'} (optional: {why})", required=False)
+    return _verdict(console, lines)
+
+
+def _verdict(console: Console, lines) -> int:
+    ready = all(ok for ok, _, required in lines if required)
+    missing = [text for ok, text, required in lines if not ok and not required]
+    if ready:
+        extra = f" ({len(missing)} optional piece(s) missing)" if missing else ""
+        console.print(f"[bold green]Ready[/bold green]{extra}.")
+        return 0
+    console.print("[bold red]Not ready[/bold red]: fix the ❌ lines above.")
+    return 1
+
+
+def setup_check_main() -> int:
+    return setup_check()
+
+
+# ----------------------------------------------------------------------------------------------
+# workshop ...
+# ----------------------------------------------------------------------------------------------
+def _cmd_check(args) -> int:
+    from .teach import check_exercise
+
+    try:
+        return check_exercise(args.number, solution=args.solution, path=args.file, seed=args.seed)
+    except FileNotFoundError as exc:
+        Console().print(f"❌ {exc}", markup=False)
+        return 2
+
+
+def _cmd_list(args) -> int:
+    from .teach import EXERCISES
+
+    for n, ex in EXERCISES.items():
+        print(f"{n}. {ex.title}: {ex.lesson}  (exercises/exercise_{n}.py)")
+    return 0
+
+
+def _cmd_tour(args) -> int:
+    from .teach.tour import run_tour
+
+    return run_tour(args.out, image=args.image)
+
+
+def _cmd_filter(args) -> int:
+    from .teach.filter_image import filter_file
+
+    return filter_file(args.input, args.filter, args.output)
+
+
+def _cmd_bench(args) -> int:
+    try:
+        from . import bench
+    except ImportError as exc:
+        print(f"benchmarks unavailable: {exc}", file=sys.stderr)
+        return 2
+    return bench.main(args.rest)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="workshop", description="The Triton workshop.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("check", help="check an exercise (or its solution) and explain what is wrong")
+    p.add_argument("number", type=int, help="exercise number (1-4)")
+    p.add_argument("--solution", action="store_true", help="check solutions/solution_N.py instead")
+    p.add_argument("--file", type=Path, help="check this file instead")
+    p.add_argument("--seed", type=int, help="random seed for the inputs (default: fresh)")
+    p.set_defaults(func=_cmd_check)
+
+    p = sub.add_parser("list", help="list the exercises")
+    p.set_defaults(func=_cmd_list)
+
+    p = sub.add_parser("tour", help="run every solution, check the library, filter an image")
+    p.add_argument("-o", "--out", default="workshop-output", help="folder for the images")
+    p.add_argument("--image", help="a PNG/JPEG to filter instead of the sample image")
+    p.set_defaults(func=_cmd_tour)
+
+    p = sub.add_parser("filter", help="apply greyscale, sepia or a named filter to an image")
+    p.add_argument("input", help="a PNG/JPEG file")
+    p.add_argument("--filter", required=True, help="greyscale, sepia, or a filter name (see --help)")
+    p.add_argument("-o", "--output", required=True, help="output image path")
+    p.set_defaults(func=_cmd_filter)
+
+    p = sub.add_parser("bench", help="benchmarks (GPU only): workshop bench [names] [--quick]",
+                       add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=_cmd_bench)
+
+    p = sub.add_parser("setup-check", help="is this machine ready for the workshop?")
+    p.set_defaults(func=lambda args: setup_check())
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:  # bench parses its own options (--quick, names, --out)
+        from types import SimpleNamespace
+
+        return _cmd_bench(SimpleNamespace(rest=argv[1:]))
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,169 @@
+"""The exercises: what each one's launcher must compute, and the inputs it is checked on.
+
+Every case draws fresh random data (never zeros) at ragged sizes: sizes that are not multiples of
+the block, one smaller than a block, one square (so that a transposed result shows).
+References are computed by PyTorch in float64 and rounded to the output dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from .. import runtime
+
+GREY_WEIGHTS = (0.299, 0.587, 0.114)
+SEPIA_MATRIX = (
+    (0.393, 0.769, 0.189),
+    (0.349, 0.686, 0.168),
+    (0.272, 0.534, 0.131),
+)
+
+
+def greyscale_reference(img: torch.Tensor) -> torch.Tensor:
+    w = torch.tensor(GREY_WEIGHTS, dtype=torch.float64, device=img.device)
+    return torch.einsum("c,chw->hw", w, img.double()).to(img.dtype)
+
+
+def sepia_reference(img: torch.Tensor) -> torch.Tensor:
+    m = torch.tensor(SEPIA_MATRIX, dtype=torch.float64, device=img.device)
+    return torch.einsum("oc,chw->ohw", m, img.double()).clamp(max=1.0).to(img.dtype)
+
+
+def filter2d_reference(img: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
+    c, k = img.shape[0], kernel.shape[-1]
+    weight = kernel.double().expand(c, 1, k, k)
+    return F.conv2d(img.double()[None], weight, padding=k // 2, groups=c)[0].to(img.dtype)
+
+
+def matmul_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return (a.double() @ b.double()).to(a.dtype)
+
+
+NAMED_FILTERS: dict[str, list[list[float]]] = {
+    "sharpen": [[0, -1, 0], [-1, 5, -1], [0, -1, 0]],
+    "edge": [[-1, -1, -1], [-1, 8, -1], [-1, -1, -1]],
+    "gaussian": [[a * b / 256 for b in (1, 4, 6, 4, 1)] for a in (1, 4, 6, 4, 1)],
+    "motion_blur": [[0.2 if i == j else 0.0 for j in range(5)] for i in range(5)],
+    "sobel_x": [[-1, 0, 1], [-2, 0, 2], [-1, 0, 1]],
+    "sobel_y": [[-1, -2, -1], [0, 0, 0], [1, 2, 1]],
+}
+
+
+@dataclass
+class Case:
+    label: str
+    inputs: tuple
+    reference: torch.Tensor
+    kwargs: dict = field(default_factory=dict)
+    dtype_note: str = ""
+
+
+@dataclass
+class Task:
+    """One launcher an exercise asks for."""
+
+    function: str  # name of the launcher in the learner's module
+    make_cases: Callable[[torch.Generator, torch.device], list[Case]]
+    block_attrs: Sequence[str]  # module constants giving the tile each program owns
+    default_block: Sequence[int]
+    program_axes: Sequence[str]
+    leading_axis: str | None = None  # a grid axis over the leading dim (channels), if any
+    matmul_operands: bool = False
+
+
+@dataclass
+class Exercise:
+    number: int
+    name: str
+    title: str
+    lesson: str
+    tasks: list[Task]
+
+    @property
+    def stem(self) -> str:
+        return f"exercise_{self.number}"
+
+
+def _rand(gen, *shape, dtype=torch.float32, device="cpu"):
+    return torch.rand(*shape, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
+
+
+def _randn(gen, *shape, dtype=torch.float32, device="cpu"):
+    return torch.randn(*shape, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
+
+
+def _vector_cases(gen, device):
+    cases = []
+    for n in (1000, 97, 4096, 3001):
+        x, y = _randn(gen, n, device=device), _randn(gen, n, device=device)
+        cases.append(Case(f"n={n}", (x, y), (x.double() + y.double()).float()))
+    return cases
+
+
+def _image_cases(reference):
+    def make(gen, device):
+        cases = []
+        for h, w in ((37, 53), (64, 64), (5, 130)):
+            img = _rand(gen, 3, h, w, device=device)
+            cases.append(Case(f"3x{h}x{w}", (img,), reference(img)))
+        return cases
+
+    return make
+
+
+def _filter_cases(gen, device):
+    cases = []
+    for (h, w), name in (((37, 53), "sharpen"), ((64, 64), "gaussian"), ((21, 70), "sobel_x"),
+                         ((33, 33), "motion_blur")):
+        img = _rand(gen, 3, h, w, device=device)
+        kernel = torch.tensor(NAMED_FILTERS[name], dtype=torch.float32, device=device)
+        cases.append(Case(f"3x{h}x{w} {name}", (img, kernel), filter2d_reference(img, kernel)))
+    return cases
+
+
+def _matmul_cases(gen, device):
+    cases = []
+    shapes = [((67, 45, 83), torch.float32), ((64, 64, 64), torch.float32),
+              ((50, 37, 100), torch.float16)]
+    if not runtime.INTERPRET:  # bf16 tl.dot is wrong in the interpreter (triton#11584)
+        shapes.append(((77, 90, 130), torch.bfloat16))
+    for (m, k, n), dtype in shapes:
+        a, b = _randn(gen, m, k, dtype=dtype, device=device), _randn(gen, k, n, dtype=dtype, device=device)
+        cases.append(Case(f"{m}x{k} @ {k}x{n} {str(dtype).replace('torch.', '')}", (a, b),
+                          matmul_reference(a, b)))
+    return cases
+
+
+EXERCISES: dict[int, Exercise] = {
+    1: Exercise(
+        1, "vector_add", "Vector addition",
+        "1-D grid, offsets from the program id, masks for the partial last block",
+        [Task("add", _vector_cases, ["BLOCK_SIZE"], [128], ["pid"])],
+    ),
+    2: Exercise(
+        2, "image_filters", "Greyscale and sepia",
+        "2-D grid, broadcasting row and column offsets, channel planes",
+        [
+            Task("greyscale", _image_cases(greyscale_reference), ["BLOCK_H", "BLOCK_W"], [16, 32],
+                 ["pid_0 (rows)", "pid_1 (cols)"]),
+            Task("sepia", _image_cases(sepia_reference), ["BLOCK_H", "BLOCK_W"], [16, 32],
+                 ["pid_0 (rows)", "pid_1 (cols)"], leading_axis="channel"),
+        ],
+    ),
+    3: Exercise(
+        3, "conv2d", "2-D convolution with a KxK filter",
+        "3-D grid (channel, row block, column block), nested loops over the taps, zero border",
+        [Task("filter2d", _filter_cases, ["BLOCK_H", "BLOCK_W"], [16, 32],
+              ["pid_1 (rows)", "pid_2 (cols)"], leading_axis="channel (pid_0)")],
+    ),
+    4: Exercise(
+        4, "matmul", "Tiled matrix multiplication",
+        "tiles, a K loop, float32 accumulators, tl.dot, and respecting the data types",
+        [Task("matmul", _matmul_cases, ["BLOCK_M", "BLOCK_N"], [32, 32],
+              ["pid_m", "pid_n"], matmul_operands=True)],
+    ),
+}
