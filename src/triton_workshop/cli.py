@@ -111,7 +111,7 @@ def _cmd_check(args) -> int:
 
     try:
         return check_exercise(args.number, solution=args.solution, path=args.file, seed=args.seed)
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, ValueError) as exc:
         Console().print(f"❌ {exc}", markup=False)
         return 2
 

@@ -120,6 +120,8 @@ def check_exercise(number: int, module: ModuleType | None = None, *, solution: b
                    path: str | Path | None = None, seed: int | None = None,
                    console: Console | None = None) -> int:
     """Check exercise ``number``; returns an exit code (0 when every case passes)."""
+    if number not in EXERCISES:
+        raise ValueError(f"exercise must be one of {sorted(EXERCISES)}, got {number}")
     exercise = EXERCISES[number]
     console = console or Console()
     if module is None:

@@ -296,10 +296,10 @@ def _name_the_bug(out, ref, wrong, unwritten, block, dims, full, in_partial, tol
         tiled_ref = ref[first]
         reps = [math.ceil(d / b) for d, b in zip(dims, block)]
         tiled = tiled_ref.repeat(*reps)[tuple(slice(0, d) for d in dims)]
-        rest = wrong.clone()
+        rest = torch.ones_like(wrong)  # everything outside the first block
         rest[first] = False
-        copies = bool(_close(out, tiled, tol)[rest].all()) if rest.any() else False
-        only_first_written = bool((unwritten | ~wrong)[rest].all()) and bool(unwritten.any())
+        copies = bool(_close(out, tiled, tol)[rest].all())
+        only_first_written = bool(unwritten[rest].all())
         if copies or only_first_written:
             found.append(
                 "only the first block is right and every other program "

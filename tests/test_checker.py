@@ -1,0 +1,153 @@
+"""The checker recognises the classic bugs: each test plants one in a copy of a solution."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from triton_workshop.teach import EXERCISES, check_exercise, check_module, load_module
+from triton_workshop.teach.checker import Tolerance, diagnose, unfinished_todos
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def plant(tmp_path, number, old, new, name=None):
+    """A copy of solution ``number`` with ``old`` replaced by ``new`` (which must occur)."""
+    source = (ROOT / "solutions" / f"solution_{number}.py").read_text()
+    assert old in source, f"{old!r} not in solution_{number}.py"
+    path = tmp_path / (name or f"planted_{number}.py")
+    path.write_text(source.replace(old, new))
+    return path
+
+
+def verdicts(number, path, seed=0):
+    module = load_module(path, name=f"_planted_{path.stem}_{id(path)}")
+    reports = check_module(EXERCISES[number], module, seed=seed)
+    return [c.verdict for r in reports for c in r.cases]
+
+
+def failing_text(vs):
+    failed = [v for v in vs if not v.passed]
+    assert failed, "the planted bug went unnoticed"
+    return "\n".join(v.headline + "\n" + "\n".join(v.details) for v in failed)
+
+
+@pytest.mark.parametrize("number", sorted(EXERCISES))
+def test_every_solution_passes(number):
+    path = ROOT / "solutions" / f"solution_{number}.py"
+    assert all(v.passed for v in verdicts(number, path))
+
+
+@pytest.mark.parametrize("number", sorted(EXERCISES))
+def test_untouched_template_says_start_at_todo_1(number, capsys):
+    path = ROOT / "exercises" / f"exercise_{number}.py"
+    assert check_exercise(number, path=path, seed=0) == 1
+    out = capsys.readouterr().out
+    assert "not implemented yet: start at TODO 1" in out
+    assert "Traceback" not in out
+
+
+def test_grid_rounded_down_leaves_the_tail_unwritten(tmp_path):
+    path = plant(tmp_path, 1, "grid = (cdiv(n, BLOCK_SIZE),)", "grid = (n // BLOCK_SIZE,)")
+    text = failing_text(verdicts(1, path))
+    assert "partial block" in text and "never written" in text and "cdiv" in text
+
+
+def test_offsets_without_program_id_repeat_the_first_block(tmp_path):
+    path = plant(tmp_path, 1, "offsets = pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)",
+                 "offsets = tl.arange(0, BLOCK_SIZE)")
+    text = failing_text(verdicts(1, path))
+    assert "only the first block is right" in text and "program id" in text
+
+
+def test_loads_offsets_without_program_id_copy_block_zero_everywhere(tmp_path):
+    # Loads ignore the program id but stores use it: every block holds a copy of block 0.
+    source_old = "    x = tl.load(x_ptr + offsets, mask=mask)\n    y = tl.load(y_ptr + offsets, mask=mask)"
+    source_new = ("    local = tl.arange(0, BLOCK_SIZE)\n"
+                  "    x = tl.load(x_ptr + local, mask=mask)\n    y = tl.load(y_ptr + local, mask=mask)")
+    path = plant(tmp_path, 1, source_old, source_new)
+    text = failing_text(verdicts(1, path))
+    assert "repeated it" in text
+
+
+def test_missing_store_mask_is_caught_in_the_guard_zone(tmp_path):
+    path = plant(tmp_path, 1, "tl.store(out_ptr + offsets, x + y, mask=mask)",
+                 "tl.store(out_ptr + offsets, x + y)")
+    text = failing_text(verdicts(1, path))
+    assert "past the end" in text and "mask=" in text
+
+
+def test_wrong_mask_in_the_partial_block(tmp_path):
+    path = plant(tmp_path, 1, "mask = offsets < n_elements", "mask = offsets < n_elements - 1")
+    text = failing_text(verdicts(1, path))
+    assert "partial block" in text
+
+
+def test_transposed_greyscale(tmp_path):
+    path = plant(tmp_path, 2, "    tl.store(out_ptr + offsets, grey, mask=mask)",
+                 "    tl.store(out_ptr + cols[None, :] * H + rows[:, None], grey, mask=mask)")
+    text = failing_text(verdicts(2, path))
+    assert "transposed" in text
+
+
+def test_tf32_rounding_is_named(tmp_path):
+    # Emulate TF32 (the interpreter computes dots exactly): keep 10 mantissa bits of each input.
+    path = plant(
+        tmp_path, 4, "        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)",
+        "        if a.dtype == tl.float32:\n"
+        "            a = (a.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)\n"
+        "            b = (b.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)\n"
+        "        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)",
+    )
+    text = failing_text(verdicts(4, path))
+    assert "TF32" in text and "ieee" in text
+
+
+def test_matmul_without_k_mask_reads_the_guard(tmp_path):
+    path = plant(tmp_path, 4, "mask=(ks[:, None] < K) & (cols[None, :] < N), other=0.0",
+                 "mask=(cols[None, :] < N), other=0.0")
+    assert not all(v.passed for v in verdicts(4, path))
+
+
+def test_report_names_programs_and_masked_region():
+    ref = torch.arange(300, dtype=torch.float32)
+    out = ref.clone()
+    out[260:] = float("nan")
+    v = diagnose(out, ref, block=(128,), tol=Tolerance(1e-5, 1e-5))
+    assert not v.passed
+    text = "\n".join(v.details)
+    assert "programs (pid_0) with wrong elements: 2 " in text
+    assert "40 of the wrong elements are in the partial (masked) block" in text
+
+
+def test_wrong_shape_and_dtype_are_reported():
+    ref = torch.rand(4, 6)
+    assert "transposed" in "\n".join(diagnose(torch.rand(6, 4), ref, block=(2, 2),
+                                              tol=Tolerance(1e-5, 1e-5)).details)
+    assert diagnose(ref.half(), ref, block=(2, 2), tol=Tolerance(1e-5, 1e-5)).headline == "wrong output dtype"
+    assert "not a tensor" in diagnose(None, ref, block=(2, 2), tol=Tolerance(1e-5, 1e-5)).headline
+
+
+def test_todo_scanner(tmp_path):
+    path = tmp_path / "x.py"
+    path.write_text("a = 1\nb = ...  # TODO 2: second\n# c = ...  # TODO 9: a comment\nc = ...  # TODO 1: first\n")
+    assert unfinished_todos(path) == [(1, 4, "first"), (2, 2, "second")]
+
+
+def test_partial_progress_points_at_the_next_todo(tmp_path):
+    # TODO 1-5 done, TODO 6 (the grid) still open.
+    source = (ROOT / "exercises" / "exercise_1.py").read_text()
+    answers = {
+        "offsets = ...": "offsets = pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)",
+        "mask = ...": "mask = offsets < n_elements",
+        "x = ...": "x = tl.load(x_ptr + offsets, mask=mask)",
+        "y = ...": "y = tl.load(y_ptr + offsets, mask=mask)",
+        "    ...  # TODO 5": "    tl.store(out_ptr + offsets, x + y, mask=mask)  # TODO 5",
+    }
+    for old, new in answers.items():
+        assert old in source
+        source = source.replace(old, new, 1)
+    path = tmp_path / "exercise_1.py"
+    path.write_text(source)
+    text = failing_text(verdicts(1, path))
+    assert "start at TODO 6" in text

@@ -1,0 +1,85 @@
+"""Every command in the README runs: the two install commands are what CI runs (.ci/run), the
+rest are run here, from the repository root, with this environment's console scripts."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+BIN = Path(sys.executable).parent
+
+
+def bash_commands():
+    lines = []
+    for block in re.findall(r"```bash\n(.*?)\n```", README, flags=re.S):
+        lines += [ln.strip() for ln in block.splitlines() if ln.strip() and not ln.startswith("#")]
+    return lines
+
+
+def readme_command(n):
+    proc = subprocess.run([sys.executable, str(ROOT / ".ci" / "readme_command.py"), str(n)],
+                          capture_output=True, text=True, check=True)
+    return proc.stdout.strip()
+
+
+INSTALL = [readme_command(1), readme_command(2)]
+EXPECT_FAIL = {"python exercises/exercise_1.py", "exercise_1", "workshop check 1"}  # untouched template
+
+
+def test_ci_runs_the_two_readme_commands():
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "readme_command.py 1" in ci and "readme_command.py 2" in ci
+    assert INSTALL[0].endswith("workshop tour")
+    assert "pytest" in INSTALL[1]
+    assert all(cmd in bash_commands() for cmd in INSTALL)
+
+
+@pytest.mark.parametrize("command", [c for c in bash_commands()
+                                     if c not in INSTALL and not c.startswith("uv ")])
+def test_readme_command_runs(command, tmp_path):
+    if command.startswith("workshop filter"):
+        from triton_workshop.teach.images import sample_image, save_image
+        save_image(sample_image(48, 64), ROOT / "workshop-output" / "original.png")
+    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+    argv = command.split()
+    if argv[0] == "python":
+        argv[0] = sys.executable
+    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    output = proc.stdout + proc.stderr
+    if command in EXPECT_FAIL:
+        assert proc.returncode == 1, output
+        assert "start at TODO 1" in output
+    else:
+        assert proc.returncode == 0, output
+    if command.startswith("workshop filter"):
+        assert (ROOT / "sepia.png").is_file()
+        (ROOT / "sepia.png").unlink()
+
+
+@pytest.mark.skipif(shutil.which("uv") is None, reason="uv is not installed on this machine")
+@pytest.mark.parametrize("command", [c for c in bash_commands() if c.startswith("uv ")])
+def test_readme_uv_command_runs(command):
+    proc = subprocess.run(command.split(), cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0 or command == "uv run exercise_1", proc.stdout + proc.stderr
+
+
+def test_readme_example_diagnosis_is_what_the_checker_says(tmp_path):
+    """The README's example output comes from the real checker on the planted bug it names."""
+    from triton_workshop.teach import EXERCISES, check_module, load_module
+
+    source = (ROOT / "solutions" / "solution_1.py").read_text()
+    path = tmp_path / "grid_bug.py"
+    path.write_text(source.replace("grid = (cdiv(n, BLOCK_SIZE),)", "grid = (n // BLOCK_SIZE,)"))
+    reports = check_module(EXERCISES[1], load_module(path, "_readme_grid_bug"), seed=0)
+    case = next(c for c in reports[0].cases if c.label == "n=1000")
+    assert case.verdict.headline in README
+    example = README.split("```text", 1)[1].split("```", 1)[0]
+    for line in case.verdict.details:
+        first_words = " ".join(line.split()[:6])
+        assert first_words in " ".join(example.split()), line
