@@ -1,0 +1,382 @@
+"""conv2d against F.conv2d in float64: values, layouts, gradients, errors, torch.compile.
+
+Every test draws fresh seeded random data (never all zeros: a kernel that skips a tap or a channel
+block must fail). The reference is F.conv2d in float64 on the *same rounded* inputs, so the only
+error allowed is the kernel's own: fp32 accumulation plus one rounding of the output.
+
+Shapes are small for the interpreter (N <= 2, H, W <= 12, F <= 8, C <= 8), except the few cases with
+32 or 64 channels per group on tiny images: the channel-tiled K loop, the one the GPU runs for real
+networks, is only taken from 32 channels per group up. bf16 runs everywhere: on the GPU with native
+bf16 dots, in the interpreter through the kernel's fp32-upcast path (DOT_IN_FP32).
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from triton_workshop import runtime
+from triton_workshop.ops import conv as conv_module
+from triton_workshop.ops.conv import (
+    DEPTHWISE_CONFIGS,
+    GEMM_CONFIGS,
+    conv2d,
+    prune_gemm_configs,
+    tf32_enabled,
+    uses_channel_tiles,
+)
+
+DEVICE = runtime.DEVICE
+# torch's own reference warns that padding="same" with an even kernel copies its input.
+pytestmark = pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel")
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+DTYPE_IDS = ["fp32", "fp16", "bf16"]
+#: Relative to the largest |reference| value: fp32 with TF32 off is exact fp32 accumulation;
+#: fp16/bf16 are dominated by the one rounding of the output (2**-11 and 2**-8 relative).
+TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+
+
+@pytest.fixture(autouse=True)
+def ieee_fp32():
+    """Exact fp32 (TF32 off) for the comparisons, restored afterwards. Set through the legacy
+    flag, which keeps torch.backends.cudnn.conv.fp32_precision in sync."""
+    before = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32 = before
+
+
+def seed_of(*parts) -> int:
+    return zlib.crc32(repr(parts).encode())
+
+
+def randn(shape, dtype=torch.float32, *, seed) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    t = torch.randn(shape, generator=g, dtype=torch.float64)
+    t = torch.where(t == 0, torch.ones_like(t), t)
+    return t.to(dtype).to(DEVICE)
+
+
+def reference(x, w, b=None, **kwargs):
+    return F.conv2d(x.double(), w.double(), None if b is None else b.double(), **kwargs)
+
+
+def check(out, ref, dtype):
+    assert out.shape == ref.shape
+    assert out.dtype == dtype
+    assert not torch.isnan(out).any(), "NaN: some outputs were never written"
+    scale = max(ref.abs().max().item(), 1.0)
+    torch.testing.assert_close(out.double(), ref, rtol=TOL[dtype], atol=TOL[dtype] * scale)
+
+
+def make(n, c, h, w, f, kh, kw, groups=1, dtype=torch.float32, bias=True, seed=0):
+    x = randn((n, c, h, w), dtype, seed=seed)
+    weight = randn((f, c // groups, kh, kw), dtype, seed=seed + 1)
+    b = randn((f,), dtype, seed=seed + 2) if bias else None
+    return x, weight, b
+
+
+# (N, C, H, W, F, KH, KW, conv kwargs): each case exercises one geometry, all on fresh data.
+CASES = [
+    ("3x3-pad1", (2, 8, 12, 12, 8, 3, 3), dict(padding=1)),
+    ("3x3-pad0", (2, 8, 12, 12, 8, 3, 3), dict()),
+    ("1x1", (2, 8, 10, 12, 8, 1, 1), dict()),
+    ("1x1-stride2", (2, 8, 9, 11, 6, 1, 1), dict(stride=2)),
+    ("5x3-pad(1,2)", (2, 6, 11, 12, 8, 5, 3), dict(padding=(1, 2))),
+    ("3x3-stride2-pad1", (2, 8, 12, 12, 8, 3, 3), dict(stride=2, padding=1)),
+    ("3x3-stride(2,1)", (1, 8, 11, 9, 5, 3, 3), dict(stride=(2, 1), padding=(0, 1))),
+    ("3x3-dil2", (2, 5, 12, 12, 7, 3, 3), dict(dilation=2, padding=1)),
+    ("5x3-dil(2,1)-stride2", (2, 8, 12, 11, 6, 5, 3), dict(dilation=(2, 1), stride=2)),
+    ("same-3x3", (2, 8, 12, 12, 8, 3, 3), dict(padding="same")),
+    ("same-4x2-even", (2, 8, 12, 11, 8, 4, 2), dict(padding="same")),
+    ("same-3x3-dil2", (1, 8, 9, 12, 8, 3, 3), dict(padding="same", dilation=2)),
+    ("valid", (2, 8, 12, 12, 8, 3, 3), dict(padding="valid")),
+    ("ragged", (2, 3, 7, 11, 5, 3, 3), dict(padding=1)),
+    ("rgb-stem-7x7", (1, 3, 12, 12, 8, 7, 7), dict(stride=2, padding=3)),
+    ("groups2", (2, 8, 12, 12, 8, 3, 3), dict(groups=2, padding=1)),
+    ("groups2-stride2", (2, 6, 11, 10, 4, 3, 3), dict(groups=2, stride=2)),
+    ("groups2-one-filter-each", (2, 8, 9, 9, 2, 3, 3), dict(groups=2, padding=1)),
+    ("depthwise", (2, 8, 12, 12, 8, 3, 3), dict(groups=8, padding=1)),
+    ("depthwise-5x3-stride2-dil2", (2, 8, 12, 12, 8, 5, 3), dict(groups=8, stride=2, dilation=2)),
+    ("depthwise-multiplier2", (2, 4, 12, 12, 8, 3, 3), dict(groups=4, padding="same")),
+    ("kernel-covers-input", (1, 4, 3, 5, 4, 3, 5), dict()),
+    ("single-pixel-output", (2, 8, 12, 12, 8, 1, 1), dict(stride=13)),
+    # Channel-tiled K loop (32 / 64 channels per group): the path real networks take on the GPU.
+    ("channel-tiled-32", (1, 32, 6, 6, 8, 3, 3), dict(padding=1)),
+    ("channel-tiled-64-groups2", (1, 128, 5, 6, 8, 3, 3), dict(groups=2, padding=1)),
+    ("channel-tiled-96-stride2", (1, 96, 7, 7, 4, 3, 3), dict(stride=2, padding=1)),
+]
+CASE_IDS = [c[0] for c in CASES]
+
+
+def groups_of(kwargs):
+    return kwargs.get("groups", 1)
+
+
+@pytest.mark.parametrize("name, shape, kwargs", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+def test_matches_torch_fp32(name, shape, kwargs, bias):
+    x, w, b = make(*shape, groups=groups_of(kwargs), bias=bias, seed=seed_of(name, bias))
+    out = conv2d(x, w, b, **kwargs)
+    check(out, reference(x, w, b, **kwargs), torch.float32)
+    assert out.is_contiguous()
+
+
+HALF_CASES = [c for c in CASES if c[0] in ("3x3-pad1", "5x3-pad(1,2)", "same-4x2-even", "groups2",
+                                           "depthwise", "rgb-stem-7x7", "channel-tiled-32")]
+
+
+@pytest.mark.parametrize("dtype", DTYPES[1:], ids=DTYPE_IDS[1:])
+@pytest.mark.parametrize("name, shape, kwargs", HALF_CASES, ids=[c[0] for c in HALF_CASES])
+def test_matches_torch_half(name, shape, kwargs, dtype):
+    x, w, b = make(*shape, groups=groups_of(kwargs), dtype=dtype, seed=seed_of(name, dtype))
+    check(conv2d(x, w, b, **kwargs), reference(x, w, b, **kwargs), dtype)
+
+
+@pytest.mark.parametrize(
+    "name, shape, kwargs",
+    [
+        ("flat-k", (2, 8, 12, 12, 8, 3, 3), dict(padding=1)),
+        ("flat-k-stride2-groups2", (2, 8, 11, 12, 8, 3, 3), dict(stride=2, groups=2)),
+        ("channel-tiled", (1, 64, 6, 7, 8, 3, 3), dict(padding=1)),
+        ("depthwise", (2, 8, 12, 12, 8, 3, 3), dict(groups=8, padding=1)),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_channels_last(name, shape, kwargs, dtype):
+    """Channels-last in, channels-last out (as torch), read in place through the strides."""
+    x, w, b = make(*shape, groups=groups_of(kwargs), dtype=dtype, seed=seed_of(name, "cl"))
+    x_cl = x.to(memory_format=torch.channels_last)
+    out = conv2d(x_cl, w, b, **kwargs)
+    assert out.is_contiguous(memory_format=torch.channels_last) and not out.is_contiguous()
+    assert out.stride() == F.conv2d(x_cl, w, b, **kwargs).stride()
+    check(out, reference(x, w, b, **kwargs), dtype)
+
+
+def test_strided_view_input():
+    """A non-contiguous view (every other column, a channel slice) is read in place."""
+    x, w, b = make(2, 8, 12, 12, 8, 3, 3, seed=11)
+    big = randn((2, 12, 12, 24), seed=12)
+    view = big[:, 2:10, :, ::2]
+    assert not view.is_contiguous()
+    check(conv2d(view, w, b, padding=1), reference(view, w, b, padding=1), torch.float32)
+
+
+def test_channel_tiled_weight_layout():
+    """The weight's own memory format does not matter (the launcher permutes a copy)."""
+    x, w, b = make(1, 32, 6, 6, 8, 3, 3, seed=13)
+    w_cl = w.to(memory_format=torch.channels_last)
+    check(conv2d(x, w_cl, b, padding=1), reference(x, w, b, padding=1), torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_unbatched(dtype):
+    x, w, b = make(1, 6, 9, 10, 4, 3, 3, dtype=dtype, seed=14)
+    out = conv2d(x[0], w, b, stride=2, padding=1)
+    ref = reference(x[0], w, b, stride=2, padding=1)
+    assert out.shape == (4, 5, 5)
+    check(out, ref, dtype)
+
+
+@pytest.mark.parametrize("groups", [1, 4], ids=["dense", "depthwise"])
+def test_empty_batch(groups):
+    x = torch.empty(0, 4, 9, 10, device=DEVICE)
+    w = randn((8, 4 // groups, 3, 3), seed=15)
+    out = conv2d(x, w, stride=2, padding=1, groups=groups)
+    assert out.shape == F.conv2d(x, w, stride=2, padding=1, groups=groups).shape == (0, 8, 5, 5)
+
+
+# --------------------------------------------------------------------------------------------
+# Gradients.
+# --------------------------------------------------------------------------------------------
+GRAD_CASES = [
+    ("3x3-pad1", (2, 6, 9, 10, 5, 3, 3), dict(padding=1)),
+    ("5x3-pad(2,0)-dil2", (2, 4, 12, 11, 6, 5, 3), dict(padding=(2, 0), dilation=2)),
+    ("pad-larger-than-reach", (1, 4, 6, 7, 3, 3, 1), dict(padding=3)),
+    ("same-4x4-even", (2, 4, 8, 9, 4, 4, 4), dict(padding="same")),
+    ("stride2-fallback", (2, 4, 11, 10, 6, 3, 3), dict(stride=2, padding=1)),
+    ("groups2", (2, 8, 8, 8, 6, 3, 3), dict(groups=2, padding=1)),
+    ("depthwise", (2, 6, 8, 8, 6, 3, 3), dict(groups=6, padding=1)),
+    ("depthwise-multiplier2", (1, 3, 8, 8, 6, 3, 3), dict(groups=3, padding="same")),
+]
+
+
+@pytest.mark.parametrize("name, shape, kwargs", GRAD_CASES, ids=[c[0] for c in GRAD_CASES])
+def test_gradients(name, shape, kwargs):
+    x, w, b = make(*shape, groups=groups_of(kwargs), seed=seed_of(name, "grad"))
+    leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+    out = conv2d(*leaves, **kwargs)
+    grad_out = randn(out.shape, seed=seed_of(name, "dy"))
+    out.backward(grad_out)
+
+    ref_leaves = [t.double().requires_grad_() for t in (x, w, b)]
+    ref = F.conv2d(*ref_leaves, **kwargs)
+    ref.backward(grad_out.double())
+    check(out.detach(), ref.detach(), torch.float32)
+    for mine, theirs, label in zip(leaves, ref_leaves, ("x", "weight", "bias")):
+        assert mine.grad is not None, label
+        assert mine.grad.dtype == torch.float32
+        check(mine.grad, theirs.grad, torch.float32)
+
+
+def test_gradients_fp16_channels_last():
+    x, w, b = make(2, 32, 6, 6, 8, 3, 3, dtype=torch.float16, seed=16)
+    leaves = [
+        x.to(memory_format=torch.channels_last).requires_grad_(),
+        w.clone().requires_grad_(),
+        b.clone().requires_grad_(),
+    ]
+    out = conv2d(*leaves, padding=1)
+    grad_out = randn(out.shape, torch.float16, seed=17)
+    out.backward(grad_out)
+    ref_leaves = [t.double().requires_grad_() for t in (x, w, b)]
+    F.conv2d(*ref_leaves, padding=1).backward(grad_out.double())
+    for mine, theirs in zip(leaves, ref_leaves):
+        check(mine.grad, theirs.grad, torch.float16)
+
+
+def test_gradient_unbatched_and_input_only():
+    x, w, _ = make(1, 4, 7, 7, 4, 3, 3, bias=False, seed=18)
+    x0 = x[0].clone().requires_grad_()
+    conv2d(x0, w, padding=1).square().sum().backward()
+    x_ref = x[0].double().requires_grad_()
+    F.conv2d(x_ref, w.double(), padding=1).square().sum().backward()
+    check(x0.grad, x_ref.grad, torch.float32)
+
+
+# --------------------------------------------------------------------------------------------
+# Errors: raised before any launch, naming the argument.
+# --------------------------------------------------------------------------------------------
+def _x():
+    return randn((1, 4, 6, 6), seed=19)
+
+
+def _w():
+    return randn((4, 4, 3, 3), seed=20)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(x=[1.0]), TypeError, "x must be a torch.Tensor"),
+        (dict(weight="w"), TypeError, "weight must be a torch.Tensor"),
+        (dict(bias=3.0), TypeError, "bias must be a torch.Tensor"),
+        (dict(x=torch.ones(4, 6)), ValueError, "x must have 3 or 4 dimensions"),
+        (dict(x=torch.ones(1, 1, 4, 6, 6)), ValueError, "x must have 3 or 4 dimensions"),
+        (dict(weight=torch.ones(4, 4, 3)), ValueError, "weight must have 4 dimensions"),
+        (dict(x=torch.ones(1, 4, 6, 6, dtype=torch.float64)), TypeError, "x must have dtype"),
+        (dict(x=torch.ones(1, 4, 6, 6, dtype=torch.int32)), TypeError, "x must have dtype"),
+        (dict(weight=torch.ones(4, 4, 3, 3, dtype=torch.float16)), TypeError, "weight has dtype"),
+        (dict(bias=torch.ones(4, dtype=torch.float16)), TypeError, "bias has dtype"),
+        (dict(bias=torch.ones(5)), ValueError, r"bias must have shape \(4,\)"),
+        (dict(bias=torch.ones(4, 1)), ValueError, "bias must have 1 dimensions"),
+        (dict(weight=torch.ones(4, 3, 3, 3)), ValueError, "x has 4 channels but weight expects"),
+        (dict(weight=torch.ones(3, 2, 3, 3), groups=2), ValueError, "groups=2 does not divide"),
+        (dict(groups=0), ValueError, "groups must be positive"),
+        (dict(groups=1.0), TypeError, "groups must be an int"),
+        (dict(stride=0), ValueError, "stride must be positive"),
+        (dict(stride=(1, -1)), ValueError, "stride must be positive"),
+        (dict(stride=(1, 2, 3)), TypeError, "stride must be an int or a tuple"),
+        (dict(stride=1.5), TypeError, "stride must be an int"),
+        (dict(dilation=0), ValueError, "dilation must be positive"),
+        (dict(padding=-1), ValueError, "padding must be non-negative"),
+        (dict(padding=(0, -2)), ValueError, "padding must be non-negative"),
+        (dict(padding="full"), ValueError, "padding must be an int, a pair or one of"),
+        (dict(padding="same", stride=2), ValueError, "padding='same' requires stride 1"),
+        (dict(weight=torch.ones(4, 4, 7, 3)), ValueError, "weight's dilated kernel height 7"),
+        (dict(dilation=4), ValueError, "weight's dilated kernel height 9"),
+        (dict(weight=torch.ones(4, 4, 3, 0)), ValueError, "weight must have a non-empty kernel"),
+    ],
+)
+def test_bad_arguments(kwargs, error, match):
+    args = dict(x=_x(), weight=_w(), bias=None)
+    args.update(kwargs)
+    with pytest.raises(error, match=match):
+        conv2d(**args)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a second device type")
+def test_devices_mismatched():
+    with pytest.raises(ValueError, match="weight is on"):
+        conv2d(_x().cuda(), _w().cpu())
+
+
+@pytest.mark.skipif(runtime.INTERPRET, reason="the interpreter reads CPU tensors too")
+def test_cpu_tensor_rejected_on_gpu():
+    with pytest.raises(ValueError, match="x must be on"):
+        conv2d(_x().cpu(), _w().cpu())
+
+
+# --------------------------------------------------------------------------------------------
+# torch.compile, precision switch, configs.
+# --------------------------------------------------------------------------------------------
+def test_compile_fullgraph_matches_eager():
+    x, w, b = make(2, 8, 10, 9, 8, 3, 3, groups=2, seed=21)
+    x_cl = x.to(memory_format=torch.channels_last)
+
+    def block(x, w, b):
+        return torch.relu(conv2d(x, w, b, stride=(1, 2), padding=1, groups=2))
+
+    compiled = torch.compile(block, fullgraph=True)
+    for inp in (x, x_cl):
+        eager = block(inp, w, b)
+        out = compiled(inp, w, b)
+        torch.testing.assert_close(out, eager, rtol=0, atol=0)
+        assert out.stride() == eager.stride()
+
+
+def test_compile_fullgraph_backward():
+    x, w, b = make(1, 4, 8, 8, 4, 3, 3, seed=22)
+    compiled = torch.compile(lambda x, w, b: conv2d(x, w, b, padding="same").sum(), fullgraph=True)
+    leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+    compiled(*leaves).backward()
+    eager = [t.clone().requires_grad_() for t in (x, w, b)]
+    conv2d(*eager, padding="same").sum().backward()
+    for mine, theirs in zip(leaves, eager):
+        torch.testing.assert_close(mine.grad, theirs.grad, rtol=1e-6, atol=1e-6)
+
+
+def test_tf32_follows_cudnn_flag():
+    assert not tf32_enabled()  # the fixture turned it off
+    assert conv_module._input_precision(torch.float32) == "ieee"
+    torch.backends.cudnn.allow_tf32 = True
+    assert tf32_enabled()
+    assert conv_module._input_precision(torch.float32) == "tf32"
+    assert conv_module._input_precision(torch.float16) == "ieee"
+
+
+def test_k_loop_mode():
+    assert uses_channel_tiles(32) and uses_channel_tiles(64) and uses_channel_tiles(96)
+    assert not any(uses_channel_tiles(c) for c in (1, 3, 4, 8, 16, 48))
+
+
+def test_default_configs():
+    """configs[0] is what the interpreter runs and must be a sound default on the GPU too."""
+    first = GEMM_CONFIGS[0]
+    tile = (first.kwargs["BLOCK_M"], first.kwargs["BLOCK_N"], first.kwargs["BLOCK_K"])
+    assert tile == (128, 64, 64)
+    assert conv_module._gemm_shared_memory_bytes(first, 4) <= 227 * 1024
+    for config in GEMM_CONFIGS:
+        assert min(config.kwargs.values()) >= 16  # tl.dot's smallest tile
+    assert DEPTHWISE_CONFIGS[0].kwargs == {"BLOCK_M": 64, "BLOCK_F": 64}
+
+
+def test_prune_configs_for_bench_shape():
+    """The workshop's benchmark layer (fp16, 64 -> 64 channels, 3x3) keeps 64-wide filter tiles
+    whose BLOCK_K divides the 64 channels; fp32 drops pipelines that overflow shared memory."""
+    x = torch.empty(1, dtype=torch.float16)
+    args = dict(x_ptr=x, GROUP_C=64, GROUP_F=64, KH=3, KW=3, M_BUCKET=131072)
+    kept = prune_gemm_configs(GEMM_CONFIGS, args, CHANNEL_TILED=True)
+    assert kept[0] is GEMM_CONFIGS[0]
+    assert all(c.kwargs["BLOCK_N"] <= 64 and 64 % c.kwargs["BLOCK_K"] == 0 for c in kept)
+    args32 = dict(args, x_ptr=torch.empty(1, dtype=torch.float32))
+    kept32 = prune_gemm_configs(GEMM_CONFIGS, args32, CHANNEL_TILED=True)
+    assert all(conv_module._gemm_shared_memory_bytes(c, 4) <= 227 * 1024 for c in kept32)
+    assert len(kept32) < len(kept)
+    tiny = prune_gemm_configs(GEMM_CONFIGS, dict(args, GROUP_C=3, GROUP_F=8, M_BUCKET=16),
+                              CHANNEL_TILED=False)
+    assert tiny and all(c.kwargs["BLOCK_N"] == 16 for c in tiny)
