@@ -68,11 +68,18 @@ def _current_pids() -> tuple[int, int, int]:
             "print_if/breakpoint_if read program ids in interpreter mode only "
             "(run with TRITON_INTERPRET=1); in a compiled kernel use tl.device_print"
         )
-    from triton.runtime.interpreter import interpreter_builder
+    from triton.runtime import interpreter
 
-    grid_idx = getattr(interpreter_builder, "grid_idx", None)
-    if grid_idx is None:
-        raise RuntimeError("print_if/breakpoint_if must be called inside a running kernel")
+    # The interpreter leaves the last program's ids behind after a launch, so "inside a kernel"
+    # is told by the call stack: an interpreter frame below us.
+    frame, inside = sys._getframe(1), False
+    while frame is not None and not inside:
+        inside = frame.f_code.co_filename == interpreter.__file__
+        frame = frame.f_back
+    grid_idx = getattr(interpreter.interpreter_builder, "grid_idx", None)
+    if not inside or grid_idx is None:
+        raise RuntimeError("print_if/breakpoint_if must be called inside a running kernel "
+                           "(or given pid_0/pid_1/pid_2)")
     return tuple(int(i) for i in grid_idx)  # type: ignore[return-value]
 
 
@@ -103,10 +110,9 @@ def test_pid_conds(conds: str, pid_0=None, pid_1=None, pid_2=None) -> bool:
     """
     parsed = _parse(conds)
     given = (pid_0, pid_1, pid_2)
-    if any(p is None for p in given):
-        current = _current_pids() if any(c is not None for c in parsed) else (0, 0, 0)
-    else:
-        current = (0, 0, 0)
+    # Read the running program's ids only for an axis that has a condition but no id given.
+    needs_lookup = any(c is not None and p is None for c, p in zip(parsed, given))
+    current = _current_pids() if needs_lookup else (0, 0, 0)
     pids = [_as_int(p) if p is not None else c for p, c in zip(given, current)]
     return all(c is None or _OPS[c[0]](pid, c[1]) for c, pid in zip(parsed, pids))
 
