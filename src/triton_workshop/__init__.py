@@ -8,14 +8,22 @@ kernel of your own.
 from . import runtime  # first: sets TRITON_INTERPRET before any kernel is decorated
 from .runtime import DEVICE, INTERPRET
 from .debug import cdiv, ceiling_divide, check_tensors_gpu_ready
+from .ops.conv import conv2d
 from .ops.elementwise import add, fused_mul_add_sqrt
+from .ops.image import FILTERS, filter2d, get_filter, greyscale, sepia
 
 __version__ = "0.1.0"
 
 __all__ = [
     "DEVICE",
     "INTERPRET",
+    "FILTERS",
     "add",
+    "conv2d",
+    "filter2d",
+    "get_filter",
+    "greyscale",
+    "sepia",
     "cdiv",
     "ceiling_divide",
     "check_tensors_gpu_ready",

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import runtime
+from ..ops.image import get_filter
 
 GREY_WEIGHTS = (0.299, 0.587, 0.114)
 SEPIA_MATRIX = (
@@ -41,16 +42,6 @@ def filter2d_reference(img: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
 
 def matmul_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a.double() @ b.double()).to(a.dtype)
-
-
-NAMED_FILTERS: dict[str, list[list[float]]] = {
-    "sharpen": [[0, -1, 0], [-1, 5, -1], [0, -1, 0]],
-    "edge": [[-1, -1, -1], [-1, 8, -1], [-1, -1, -1]],
-    "gaussian": [[a * b / 256 for b in (1, 4, 6, 4, 1)] for a in (1, 4, 6, 4, 1)],
-    "motion_blur": [[0.2 if i == j else 0.0 for j in range(5)] for i in range(5)],
-    "sobel_x": [[-1, 0, 1], [-2, 0, 2], [-1, 0, 1]],
-    "sobel_y": [[-1, -2, -1], [0, 0, 0], [1, 2, 1]],
-}
 
 
 @dataclass
@@ -120,7 +111,7 @@ def _filter_cases(gen, device):
     for (h, w), name in (((37, 53), "sharpen"), ((64, 64), "gaussian"), ((21, 70), "sobel_x"),
                          ((33, 33), "motion_blur")):
         img = _rand(gen, 3, h, w, device=device)
-        kernel = torch.tensor(NAMED_FILTERS[name], dtype=torch.float32, device=device)
+        kernel = get_filter(name, device=device)
         cases.append(Case(f"3x{h}x{w} {name}", (img, kernel), filter2d_reference(img, kernel)))
     return cases
 

@@ -19,10 +19,9 @@ from rich.table import Table
 
 from .. import runtime
 from . import EXERCISES, check_module, exercise_path, load_module
+from .filter_image import SIGNED_FILTERS
 from .images import load_image, sample_image, save_image
 
-# Filters whose response is signed (edges): show its magnitude.
-SIGNED_FILTERS = {"edge", "sobel_x", "sobel_y"}
 
 
 @dataclass
@@ -146,7 +145,7 @@ def run_tour(out_dir: str | Path = "workshop-output", image: str | Path | None =
 
 
 def _write_images(img: torch.Tensor, sol2, sol3, out_dir: Path) -> list[Path]:
-    from .exercises import NAMED_FILTERS
+    from ..ops.image import FILTERS
 
     if runtime.INTERPRET:
         # The interpreter runs each program as NumPy code: a few big tiles beat many small ones.
@@ -155,9 +154,8 @@ def _write_images(img: torch.Tensor, sol2, sol3, out_dir: Path) -> list[Path]:
     written = [save_image(img, out_dir / "original.png"),
                save_image(sol2.greyscale(img), out_dir / "greyscale.png"),
                save_image(sol2.sepia(img), out_dir / "sepia.png")]
-    for name, taps in NAMED_FILTERS.items():
-        kernel = torch.tensor(taps, dtype=torch.float32, device=img.device)
-        out = sol3.filter2d(img, kernel)
+    for name, taps in FILTERS.items():
+        out = sol3.filter2d(img, taps.to(img.device))
         if name in SIGNED_FILTERS:
             out = out.abs()
         written.append(save_image(out, out_dir / f"{name}.png"))
