@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The one command run on the GPU machine: environment, the test suite, then the benchmark suite,
+# ending with the benchmark's summary table.
+#
+#   scripts/gpu_check.sh [--quick] [--no-tests] [bench names...]
+#
+# Results go to $OUT (the device tool's output folder) when set, else to bench-results/:
+# pytest.log, results.csv, <spec>.png (one per benchmark) and meta.json -- eight files at most for
+# the full suite. Exit status: non-zero when the tests or the benchmark (a wrong or failed
+# triton-workshop kernel) failed. Budget: the full suite takes about 6 minutes on an H100, --quick
+# about 2, plus the tests; use --quick or --no-tests to stay inside a 10-minute call.
+set -uo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
+export PYTHONPATH=src PYTHONUNBUFFERED=1
+
+PYTHON=${PYTHON:-$(command -v python3 || command -v python)}
+RESULTS=${OUT:-bench-results}
+mkdir -p "$RESULTS"
+
+run_tests=1
+bench_args=()
+for arg in "$@"; do
+    case "$arg" in
+        --no-tests) run_tests=0 ;;
+        --quick) bench_args+=(--quick) ;;
+        -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+        *) bench_args+=("$arg") ;;
+    esac
+done
+
+echo "== environment"
+nvidia-smi -L || echo "nvidia-smi: not available"
+"$PYTHON" - <<'EOF'
+import torch, triton
+cuda = torch.cuda.is_available()
+print(f"python {__import__('sys').version.split()[0]} · torch {torch.__version__} (CUDA {torch.version.cuda}) "
+      f"· triton {triton.__version__} · GPU: {torch.cuda.get_device_name() if cuda else 'none'}")
+EOF
+
+tests_status=skipped
+if [ "$run_tests" = 1 ]; then
+    echo "== tests"
+    timeout_flag=()
+    if "$PYTHON" -c "import pytest_timeout" 2>/dev/null; then
+        timeout_flag=(--timeout=300)
+    fi
+    start=$SECONDS
+    "$PYTHON" -m pytest tests -q -x "${timeout_flag[@]}" 2>&1 | tee "$RESULTS/pytest.log"
+    rc=$?
+    tests_status=$([ $rc = 0 ] && echo "passed" || echo "FAILED (exit $rc)")
+    echo "tests: $tests_status in $((SECONDS - start)) s"
+fi
+
+echo "== bench ${bench_args[*]:-(full suite)}"
+rm -f "$RESULTS/meta.json"  # so that a failed run cannot show an older summary below
+start=$SECONDS
+"$PYTHON" -m triton_workshop.bench "${bench_args[@]}" --out "$RESULTS" 2>&1
+bench_rc=$?
+bench_status=$([ $bench_rc = 0 ] && echo "ok" || echo "FAILED (exit $bench_rc)")
+
+echo
+echo "== result: tests $tests_status · bench $bench_status in $((SECONDS - start)) s · files in $RESULTS/"
+if [ "$run_tests" = 1 ]; then
+    tail -n 1 "$RESULTS/pytest.log"
+fi
+# The summary table last, where a truncated log still shows it.
+"$PYTHON" - "$RESULTS/meta.json" <<'EOF' 2>/dev/null || true
+import json, sys
+print(json.load(open(sys.argv[1])).get("summary_table", ""), end="")
+EOF
+
+[ "$tests_status" != "passed" ] && [ "$tests_status" != "skipped" ] && exit 1
+exit $bench_rc

@@ -1,0 +1,7 @@
+"""``python -m triton_workshop.bench [NAME ...] [--quick] [--out DIR]``."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

@@ -1,0 +1,345 @@
+"""The benchmark suite, without a GPU: the CLI's refusal and errors, the spec registry, every
+workload's inputs and peers at a tiny scale against triton-workshop's op, the byte/FLOP accounting,
+the runner's bookkeeping (statuses, ratios, ceilings) with a fake timer, and the reports."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from triton_workshop import runtime
+from triton_workshop.bench import SPEC_NAMES, load_spec, main
+from triton_workshop.bench import runner
+from triton_workshop.bench.runner import (
+    CSV_COLUMNS, GBPS, OURS, TFLOPS, Row, Spec, Workload, evaluate, output_gradient,
+)
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def _workloads():
+    return [
+        pytest.param(w, id=f"{name}-{w.name}-{runner.dtype_name(w.dtype)}")
+        for name in SPEC_NAMES
+        for w in load_spec(name).workloads
+    ]
+
+
+def _find(spec: str, name: str, dtype: torch.dtype = None) -> Workload:
+    found = [
+        w for w in load_spec(spec).workloads
+        if w.name == name and (dtype is None or w.dtype == dtype)
+    ]
+    assert len(found) == 1, (spec, name, dtype)
+    return found[0]
+
+
+# --------------------------------------------------------------------------------------------
+# The command line.
+# --------------------------------------------------------------------------------------------
+def test_refuses_without_gpu(monkeypatch, capsys):
+    monkeypatch.setattr(runtime, "INTERPRET", True)
+    monkeypatch.setattr(runtime, "INTERPRET_REASON", "no CUDA device found")
+    assert main(["--quick", "softmax"]) == 2
+    err = capsys.readouterr().err
+    assert "needs a CUDA GPU" in err
+    assert "interpreter" in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the module would benchmark")
+def test_module_entry_point_refuses_on_cpu():
+    env = {**os.environ, "PYTHONPATH": str(SRC), "TRITON_WORKSHOP_QUIET": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "triton_workshop.bench", "--quick"],
+        capture_output=True, text=True, env=env, timeout=120,
+    )
+    assert done.returncode == 2
+    assert "needs a CUDA GPU" in done.stderr
+
+
+def test_unknown_name_lists_valid_names(capsys):
+    assert main(["softmax", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "'nope'" in err
+    for name in SPEC_NAMES:
+        assert name in err
+
+
+def test_names_select_specs_in_suite_order():
+    assert runner.resolve_names([]) == list(SPEC_NAMES)
+    assert runner.resolve_names(["matmul", "softmax"]) == ["softmax", "matmul"]
+    assert runner.resolve_names(["layer-norm"]) == ["layer_norm"]
+
+
+def test_help_and_list_exit_zero(capsys):
+    assert main(["--help"]) == 0
+    assert main(["--list", "matmul"]) == 0
+    out = capsys.readouterr().out
+    assert "5012×2100×7777" in out and "FLOPs = 2·M·N·K" in out
+
+
+# --------------------------------------------------------------------------------------------
+# The registry and each workload at a tiny scale.
+# --------------------------------------------------------------------------------------------
+def test_registry_lists_the_expected_specs():
+    assert SPEC_NAMES == ("elementwise", "image", "softmax", "layer_norm", "matmul")
+    names = {name: [w.name for w in load_spec(name).workloads] for name in SPEC_NAMES}
+    assert names["elementwise"] == ["sqrt(a*b+c)", "add"]
+    assert names["image"] == ["greyscale", "sepia", "filter2d 3x3", "filter2d 5x5"]
+    assert names["softmax"] == ["softmax fwd", "softmax fwd+bwd"]
+    assert names["layer_norm"] == ["layer_norm fwd", "layer_norm fwd+bwd"]
+    assert names["matmul"] == [
+        "matmul", "matmul", "matmul IEEE", "matmul TF32", "matmul+leaky_relu", "matmul+leaky_relu",
+    ]
+    for name in SPEC_NAMES:
+        spec = load_spec(name)
+        assert isinstance(spec, Spec) and spec.name == name
+        assert {w.unit for w in spec.workloads} == {spec.unit}
+        for w in spec.workloads:
+            assert len(w.quick) == 1 and w.headlines, w.name
+
+
+def test_table_sizes_are_headlines():
+    assert (1 << 28,) in _find("elementwise", "sqrt(a*b+c)").headlines
+    assert (3, 8192, 8192) in _find("image", "filter2d 5x5").headlines
+    assert {(8192, 8192), (65536, 1024)} <= set(_find("softmax", "softmax fwd").headlines)
+    assert (32768, 4096) in _find("layer_norm", "layer_norm fwd").headlines
+    assert (8192, 8192) in _find("layer_norm", "layer_norm fwd+bwd").headlines
+    fp16 = _find("matmul", "matmul", torch.float16)
+    assert {(4096,) * 3, (8192,) * 3, (5012, 2100, 7777)} <= set(fp16.headlines)
+
+
+@pytest.mark.parametrize("w", _workloads())
+def test_tiny_inputs_and_peers_match_ours(w: Workload):
+    module = pytest.importorskip(w.module)
+    ours = w.ours(module)
+    size = w.shrink(w.quick[0])
+    assert sum(size) < sum(w.quick[0]) and w.work(size, w.dtype) > 0
+    with w.context():
+        inputs = w.make_inputs(size, w.dtype, runtime.DEVICE)
+        assert all(t.dtype == w.dtype for t in inputs)
+        assert all(bool(t.detach().abs().sum() > 0) for t in inputs), "inputs must be random"
+        dy = output_gradient(w, inputs)
+        got = evaluate(w, ours, inputs, dy)
+        assert len(got) == (1 + len(runner.grad_leaves(inputs)) if w.backward else 1)
+        peers = w.candidates(with_compile=False)
+        assert list(peers)[:2] == [OURS, w.reference_name]
+        for name, fn in peers.items():
+            if name == OURS or (isinstance(fn, str) and fn.startswith("not importable")):
+                continue
+            assert callable(fn), f"{name}: {fn}"
+            problem = w.check(got, evaluate(w, fn, inputs, dy))
+            assert problem is None, f"{name}: {problem}"
+        if w.ceiling is not None:
+            assert w.ceiling(*inputs).shape == got[0].shape
+
+
+# --------------------------------------------------------------------------------------------
+# Accounting.
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "spec, name, dtype, size, expected",
+    [
+        ("elementwise", "sqrt(a*b+c)", torch.float32, (2**28,), 4 * 4 * 2**28),  # 4 GiB
+        ("elementwise", "add", torch.float32, (2**28,), 3 * 4 * 2**28),
+        ("image", "greyscale", torch.float32, (3, 8192, 8192), 1_073_741_824),  # (3 + 1) planes
+        ("image", "sepia", torch.float32, (3, 8192, 8192), 1_610_612_736),  # (3 + 3) planes
+        ("image", "filter2d 5x5", torch.float32, (3, 8192, 8192), 1_610_612_736 + 25 * 4),
+        ("softmax", "softmax fwd", torch.float16, (8192, 8192), 268_435_456),
+        ("softmax", "softmax fwd+bwd", torch.float16, (8192, 8192), 671_088_640),
+        # (2·M·N + 2·N)·2 = 536,870,912 + 16,384
+        ("layer_norm", "layer_norm fwd", torch.float16, (32768, 4096), 536_887_296),
+        # (5·M·N + 5·N)·2 + 16·M = 671,088,640 + 81,920 + 131,072
+        ("layer_norm", "layer_norm fwd+bwd", torch.float16, (8192, 8192), 671_301_632),
+        ("matmul", "matmul", torch.float16, (4096, 4096, 4096), 137_438_953_472),
+        ("matmul", "matmul", torch.bfloat16, (5012, 2100, 7777), 163_708_960_800),
+        ("matmul", "matmul+leaky_relu", torch.float16, (4096, 4096, 4096), 137_438_953_472),
+    ],
+)
+def test_work_accounting(spec, name, dtype, size, expected):
+    w = _find(spec, name, dtype)
+    assert w.work(size, w.dtype) == expected
+
+
+def test_rates_and_labels():
+    assert runner.rate_of(4 * 4 * 2**28, 1.5, GBPS) == pytest.approx(2863.31, rel=1e-5)
+    assert runner.rate_of(137_438_953_472, 0.2, TFLOPS) == pytest.approx(687.19, rel=1e-5)
+    assert runner.size_label((2**24,)) == "2^24"
+    assert runner.size_label((3, 8192, 8192)) == "3×8192×8192"
+    assert _find("softmax", "softmax fwd").shrink((8192, 8192)) == (64, 64)
+
+
+def test_check_catches_a_wrong_result_at_any_scale():
+    w = _find("softmax", "softmax fwd")
+    ref = torch.softmax(torch.randn(64, 8192), dim=-1).half()
+    assert w.check((ref.clone(),), (ref,)) is None
+    assert "max abs error" in w.check((torch.zeros_like(ref),), (ref,))
+    assert "shape" in w.check((ref[:, :-1],), (ref,))
+
+
+# --------------------------------------------------------------------------------------------
+# The runner's bookkeeping, on the CPU with a fake timer.
+# --------------------------------------------------------------------------------------------
+CALLED: list[str] = []
+
+
+def _logged(name, fn):
+    def call(*args):
+        CALLED.append(name)
+        return fn(*args)
+
+    return call
+
+
+class FakeTimer:
+    """A time per function: ours 1 ms, the reference 2 ms, the ceiling 0.5 ms; counts calls."""
+
+    TIMES = {"ours": 1.0, "reference": 2.0, "ceiling": 0.5}
+
+    def __init__(self):
+        self.timed: list[str] = []
+
+    def __call__(self, fn):
+        CALLED.clear()
+        fn()
+        self.timed.append(CALLED[-1])
+        return self.TIMES[CALLED[-1]]
+
+
+def _toy(ours, *, ceiling=None, backward=False) -> Workload:
+    def make(size, dtype, device):
+        return tuple(torch.rand(size, dtype=dtype, device=device, requires_grad=backward)
+                     for _ in range(2))
+
+    return Workload(
+        name="toy", dtype=torch.float32, unit=GBPS, sizes=((1000,),), quick=((1000,),),
+        headlines=((1000,),), make_inputs=make, work=lambda size, dtype: 3_000_000_000,
+        work_formula="3 GB", module="math", ours=lambda m: _logged("ours", ours),
+        reference=_logged("reference", torch.mul),
+        peers={"broken peer": lambda x, y: 1 / 0}, ceiling=ceiling, ceiling_name="ref",
+        optional_peers={"Liger-Kernel": runner.liger("no_such_liger_module", "Fn")},
+        backward=backward,
+    )
+
+
+def test_run_case_times_checks_and_reports():
+    spec = Spec(name="toy", title="Toy", workloads=[])
+    timer = FakeTimer()
+    rows = runner.run_case(spec, _toy(lambda x, y: x * y), (1000,), timer,
+                           torch.device("cpu"), 3000.0, with_compile=False)
+    by = {r.candidate: r for r in rows}
+    assert list(by) == [OURS, "torch eager", "broken peer", "Liger-Kernel"]
+    assert by[OURS].status == "ok" and by[OURS].ms == 1.0 and by[OURS].rate == 3000.0
+    assert by[OURS].pct_ceiling == pytest.approx(100.0) and by[OURS].headline
+    assert by["torch eager"].ratio == 2.0  # 2 ms against our 1 ms
+    assert by["broken peer"].status == "unavailable" and "ZeroDivisionError" in by["broken peer"].note
+    assert by["Liger-Kernel"].status == "unavailable"
+    # Each timed twice, in order then in reverse order.
+    assert timer.timed == ["ours", "reference", "reference", "ours"]
+
+
+def test_run_case_never_times_a_wrong_kernel_and_measures_its_own_ceiling():
+    spec = Spec(name="toy", title="Toy", workloads=[])
+    timer = FakeTimer()
+    w = _toy(lambda x, y: x + y, ceiling=_logged("ceiling", torch.mul))
+    rows = runner.run_case(spec, w, (1000,), timer, torch.device("cpu"), None, with_compile=False)
+    ours = rows[0]
+    assert ours.status == "wrong" and ours.ms is None and "max abs error" in ours.note
+    assert "ours" not in timer.timed and timer.timed.count("ceiling") == 2
+    assert ours.ceiling == rows[1].ceiling == 6000.0  # 3 GB in 0.5 ms
+
+
+def test_run_case_reuses_the_reference_timing_as_ceiling():
+    spec = Spec(name="toy", title="Toy", workloads=[])
+    w = _toy(lambda x, y: x * y)
+    w.ceiling = w.reference
+    timer = FakeTimer()
+    rows = runner.run_case(spec, w, (1000,), timer, torch.device("cpu"), None, with_compile=False)
+    assert rows[0].ceiling == rows[1].rate == 1500.0 and rows[0].pct_ceiling == 200.0
+    assert timer.timed.count("reference") == 2
+
+
+def test_run_case_fwd_bwd_checks_gradients():
+    spec = Spec(name="toy", title="Toy", workloads=[])
+
+    class WrongGrad(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, y):
+            return x * y
+
+        @staticmethod
+        def backward(ctx, g):
+            return g, g
+
+    rows = runner.run_case(spec, _toy(WrongGrad.apply, backward=True), (1000,), FakeTimer(),
+                           torch.device("cpu"), 3000.0, with_compile=False)
+    assert rows[0].status == "wrong" and "grad" in rows[0].note
+    rows = runner.run_case(spec, _toy(lambda x, y: x * y, backward=True), (1000,), FakeTimer(),
+                           torch.device("cpu"), 3000.0, with_compile=False)
+    assert rows[0].status == "ok"
+
+
+# --------------------------------------------------------------------------------------------
+# Reports, from a fake result set.
+# --------------------------------------------------------------------------------------------
+def _fake_rows() -> list[Row]:
+    rows = []
+    for size, ours_ms in (("2^24", 0.1), ("2^26", 0.35)):
+        for candidate, role, ms in ((OURS, "ours", ours_ms), ("torch eager", "reference", 2 * ours_ms),
+                                    ("torch.compile", "compile", 1.1 * ours_ms)):
+            rate = 4 * 4 * 2**24 / ms / 1e6
+            rows.append(Row(
+                spec="elementwise", op="sqrt(a*b+c)", size=size, dtype="fp32", candidate=candidate,
+                status="ok", ms=ms, rate=rate, unit=GBPS, ceiling=3000.0, ceiling_source="copy",
+                role=role, ratio=ms / ours_ms, headline=size == "2^26",
+            ))
+    rows.append(Row(spec="elementwise", op="add", size="2^26", dtype="fp32", candidate=OURS,
+                    status="wrong", ms=None, rate=None, unit=GBPS, ceiling=3000.0,
+                    ceiling_source="copy", role="ours", headline=True, note="output: max abs error 1"))
+    rows.append(Row(spec="elementwise", op="add", size="2^26", dtype="fp32",
+                    candidate="torch.compile", status="unavailable", ms=None, rate=None, unit=GBPS,
+                    ceiling=3000.0, ceiling_source="copy", role="compile", headline=True,
+                    note="BackendCompilerFailed: boom"))
+    return rows
+
+
+def test_csv_plot_meta_and_tables(tmp_path):
+    rows = _fake_rows()
+    csv_path = runner.write_csv(tmp_path / "out" / "results.csv", rows)
+    with open(csv_path, newline="") as f:
+        reader = csv.DictReader(f)
+        assert tuple(reader.fieldnames) == CSV_COLUMNS
+        read = list(reader)
+    assert len(read) == len(rows)
+    eager = next(r for r in read if r["candidate"] == "torch eager" and r["size"] == "2^26")
+    assert float(eager["ratio_vs_triton_workshop"]) == pytest.approx(2.0)
+    assert eager["unit"] == "GB/s" and float(eager["ms"]) == pytest.approx(0.7)
+    ours = next(r for r in read if r["candidate"] == OURS and r["size"] == "2^26")
+    assert float(ours["pct_of_ceiling"]) == pytest.approx(100 * (4 * 4 * 2**24 / 0.35 / 1e6) / 3000, abs=0.01)
+    wrong = next(r for r in read if r["op"] == "add" and r["candidate"] == OURS)
+    assert wrong["status"] == "wrong" and wrong["ms"] == "" and wrong["rate"] == ""
+
+    png = runner.write_plot(tmp_path / "out" / "elementwise.png", "Elementwise", rows, "Fake GPU")
+    data = png.read_bytes()
+    assert len(data) > 1000 and data[:8] == b"\x89PNG\r\n\x1a\n"
+
+    summary = runner.summary_rows(rows)
+    assert [(e["op"], e["size"], e["status"]) for e in summary] == [
+        ("sqrt(a*b+c)", "2^26", "ok"), ("add", "2^26", "wrong")]
+    assert summary[0]["speedup"] == {"torch eager": pytest.approx(2.0),
+                                     "torch.compile": pytest.approx(1.1)}
+    text = runner.render_text(runner.summary_table(rows))
+    assert "2.00×" in text and "1.10×" in text and "WRONG" in text
+    table = runner.render_text(runner.spec_table("Elementwise", rows))
+    assert "WRONG" in table and "n/a" in table and "2.00×" in table
+    assert any("BackendCompilerFailed" in p for p in runner.problems(rows))
+
+    meta = runner.write_meta(tmp_path / "out" / "meta.json", {"gpu": "Fake GPU", "summary": summary})
+    assert json.loads(meta.read_text())["gpu"] == "Fake GPU"
