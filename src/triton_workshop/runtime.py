@@ -173,14 +173,47 @@ def register_op(
     """
     qualname = f"triton_workshop::{name}"
 
-    def decorate(launcher: Callable) -> Callable:
+    def decorate(launcher: Callable) -> "RegisteredOp":
         if INTERPRET:
-            op = torch.library.custom_op(qualname, mutates_args=tuple(mutates_args))(launcher)
             if fake is None:
                 raise TypeError(f"register_op({name!r}) needs fake= in interpreter mode")
+            op = torch.library.custom_op(qualname, mutates_args=tuple(mutates_args))(launcher)
             op.register_fake(fake)
         else:
             op = torch.library.triton_op(qualname, mutates_args=tuple(mutates_args))(launcher)
-        return op
+        return RegisteredOp(op, launcher)
 
     return decorate
+
+
+class RegisteredOp:
+    """A registered op that skips the dispatcher when nothing needs it.
+
+    Going through ``torch.library`` costs tens of microseconds a call, more than a small kernel
+    runs. The dispatcher is needed only while ``torch.compile`` traces, when autograd must record
+    the op, or for tensor subclasses (fake tensors, functorch wrappers); a plain eager call on
+    plain tensors runs the launcher directly. Everything else (``register_autograd``, ``_opoverload``,
+    ...) is the underlying op's.
+    """
+
+    def __init__(self, op, launcher: Callable):
+        self._op = op
+        self._launcher = launcher
+        self.__doc__ = launcher.__doc__
+
+    def __getattr__(self, name):
+        return getattr(self._op, name)
+
+    def __call__(self, *args):
+        if torch.compiler.is_compiling() or not _plain_eager(args):
+            return self._op(*args)
+        return self._launcher(*args)
+
+
+def _plain_eager(args) -> bool:
+    grad = torch.is_grad_enabled()
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if type(a) is not torch.Tensor or (grad and a.requires_grad):
+                return False
+    return True
