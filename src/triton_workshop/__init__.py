@@ -8,6 +8,7 @@ kernel of your own.
 from . import runtime  # first: sets TRITON_INTERPRET before any kernel is decorated
 from .runtime import DEVICE, INTERPRET
 from .debug import cdiv, ceiling_divide, check_tensors_gpu_ready
+from .ops.attention import attention
 from .ops.conv import conv2d
 from .ops.elementwise import add, fused_mul_add_sqrt
 from .ops.image import FILTERS, filter2d, get_filter, greyscale, sepia
@@ -19,6 +20,7 @@ __all__ = [
     "INTERPRET",
     "FILTERS",
     "add",
+    "attention",
     "conv2d",
     "filter2d",
     "get_filter",
