@@ -12,6 +12,9 @@ from .ops.attention import attention
 from .ops.conv import conv2d
 from .ops.elementwise import add, fused_mul_add_sqrt
 from .ops.image import FILTERS, filter2d, get_filter, greyscale, sepia
+from .ops.layer_norm import layer_norm
+from .ops.softmax import softmax
+from . import nn
 
 __version__ = "0.1.0"
 
@@ -25,7 +28,10 @@ __all__ = [
     "filter2d",
     "get_filter",
     "greyscale",
+    "layer_norm",
+    "nn",
     "sepia",
+    "softmax",
     "cdiv",
     "ceiling_divide",
     "check_tensors_gpu_ready",

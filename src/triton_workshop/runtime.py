@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 import torch
@@ -49,6 +50,7 @@ if INTERPRET and not _QUIET:
     )
 
 import triton  # noqa: E402  (after the decision above, on purpose)
+import triton.language as tl  # noqa: E402
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -146,6 +148,50 @@ def num_sms(device: torch.device | None = None) -> int:
     if INTERPRET or not torch.cuda.is_available():
         return 4
     return torch.cuda.get_device_properties(device or torch.cuda.current_device()).multi_processor_count
+
+
+# --------------------------------------------------------------------------------------------
+# Launch heuristics for row-wise kernels (softmax, layer norm, ...).
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RowTile:
+    """How a row-wise kernel is launched: ``rows`` rows of ``block_cols`` lanes per program."""
+
+    block_cols: int
+    rows: int
+    num_warps: int
+
+
+def num_warps_for(elements: int) -> int:
+    """Warps for a program that touches ``elements`` values at once: about 16 per thread, so
+    registers hold the block without spilling and each thread has several loads in flight."""
+    if elements >= 32768:
+        return 32
+    if elements >= 8192:
+        return 16
+    if elements >= 2048:
+        return 8
+    return 4
+
+
+def row_tile(n_cols: int, n_rows: int, *, tile_elems: int, max_rows: int) -> RowTile:
+    """Single-block launch: the whole row in ``next_power_of_2(n_cols)`` lanes, and as many rows
+    a program as fit in ``tile_elems`` (no more than there are rows). A heuristic on the row
+    length, not autotuning, so a new shape launches at once (and the interpreter stays fast)."""
+    block_cols = triton.next_power_of_2(n_cols)
+    rows = max(1, min(tile_elems // block_cols, max_rows, triton.next_power_of_2(n_rows)))
+    return RowTile(block_cols, rows, num_warps_for(rows * block_cols))
+
+
+def chunk_tile(n_cols: int, chunk_cols: int) -> RowTile:
+    """Multi-block launch: one row a program, ``chunk_cols`` lanes a step."""
+    block_cols = min(chunk_cols, triton.next_power_of_2(n_cols))
+    return RowTile(block_cols, 1, num_warps_for(block_cols))
+
+
+def acc_dtype(dtype: torch.dtype):
+    """The arithmetic type inside the kernels: fp32, or fp64 for fp64 tensors."""
+    return tl.float64 if dtype == torch.float64 else tl.float32
 
 
 # --------------------------------------------------------------------------------------------

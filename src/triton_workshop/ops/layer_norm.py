@@ -1,0 +1,503 @@
+"""Layer normalisation: per-row statistics forward, and a deterministic reduction backward.
+
+    y = (x - mean) * rstd * weight + bias,   rstd = 1 / sqrt(var + eps)
+
+over the trailing ``normalized_shape`` dims, i.e. over each row of ``x`` viewed as
+``(n_rows, n_cols)``.
+
+**Forward.** A row is loaded once into registers; mean and variance are taken in fp32 (fp64 for
+fp64 input) with the two-pass formula ``var = mean((x - mean)**2)`` on the values already in
+registers, which costs no extra memory traffic and avoids the cancellation of
+``E[x**2] - E[x]**2``. One read, one write, plus 8 bytes a row of saved ``mean`` and ``rstd`` that
+the backward reuses instead of recomputing. Short rows are packed several to a program, as in
+softmax. Rows longer than :data:`SINGLE_BLOCK_MAX_COLS` are streamed in chunks: the first pass
+takes exact mean and sum of squared deviations of each chunk and merges them (Chan et al.'s
+parallel variance update, as stable as the two-pass formula), the second normalises. Two reads,
+one write.
+
+**Backward.** With ``xhat = (x - mean) * rstd`` and ``g = dy * weight``:
+
+    dx      = rstd * (g - mean(g * xhat) * xhat - mean(g))      per row
+    dweight = sum over rows of dy * xhat
+    dbias   = sum over rows of dy
+
+``dx`` is per row, like the forward. ``dweight`` and ``dbias`` are reductions *across* rows: an
+``atomic_add`` from every row into one vector would be fast but not deterministic (float addition
+is not associative and the order of atomics changes between runs). Instead each program owns a
+group of consecutive rows, accumulates its partial ``dweight``/``dbias`` in fp32 registers while it
+computes ``dx`` for those rows (one read of ``x`` and ``dy``), and writes them to row ``pid`` of an
+``(n_programs, n_cols)`` buffer; ``torch.sum`` over that small buffer finishes the job. The same
+shapes give the same partition and the same summation order: bit-identical gradients every run.
+Rows longer than :data:`BACKWARD_SINGLE_BLOCK_MAX_COLS` use two kernels: ``dx`` per row in two
+chunked passes, and a column-tiled kernel that writes the same kind of partial sums.
+
+``x``, ``dy`` and the parameters are made contiguous by the launchers (a copy only when they are
+not already); ``weight`` and ``bias`` may have a different float dtype from ``x``: they are read
+in their own dtype and widened in the kernel. The output has ``x``'s dtype.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import runtime
+from ..runtime import acc_dtype, chunk_tile, num_warps_for, register_op, row_tile, wrap_triton
+from .softmax import SUPPORTED_DTYPES
+
+#: Longest row the forward keeps whole in registers; longer rows are streamed in
+#: :data:`CHUNK_COLS` chunks. Read at every launch, so a test can lower it.
+SINGLE_BLOCK_MAX_COLS = 16384
+#: The same for the backward, lower: its program also keeps the running dweight/dbias sums and
+#: the weight row in registers. Measured on an H100 (fp16, 32M elements): at 8192 columns the
+#: fused kernel moves 1860 GB/s against 1420 for the chunked pair, at 12288-16384 it spills and
+#: falls to 220-270 GB/s against 1280-1390.
+BACKWARD_SINGLE_BLOCK_MAX_COLS = 8192
+#: Elements per loop step on the chunked paths (a power of two).
+CHUNK_COLS = 4096
+#: Elements a single-block program aims to own (short rows are packed several to a program).
+TILE_ELEMS = 4096
+MAX_ROWS_PER_PROGRAM = 64
+#: Backward programs per SM: each accumulates partial dweight/dbias over its group of rows, so
+#: there are ``programs x n_cols`` partials to sum at the end. 2 was fastest on an H100 (4 and 8
+#: were up to 25% slower: more partials to write and sum, no more bandwidth).
+BACKWARD_PROGRAMS_PER_SM = 2
+
+
+# --------------------------------------------------------------------------------------------
+# Kernels.
+# --------------------------------------------------------------------------------------------
+@triton.jit
+def layer_norm_fwd_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
+    n_rows, n_cols, eps,
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
+    ACC: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+):
+    """Single-block forward: ``ROWS`` whole rows per program."""
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_N)
+    row_mask = rows < n_rows
+    col_mask = cols < n_cols
+    mask = row_mask[:, None] & col_mask[None, :]
+    offs = rows[:, None] * n_cols + cols[None, :]  # int64: rows * n_cols may pass 2**31
+    # Padding reads 0: it adds nothing to the sum; for the variance it is masked explicitly.
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(ACC)
+    mean = tl.sum(x, axis=1) / n_cols
+    centred = tl.where(mask, x - mean[:, None], 0.0)
+    var = tl.sum(centred * centred, axis=1) / n_cols
+    rstd = 1.0 / tl.sqrt(var + eps)
+    y = centred * rstd[:, None]
+    if HAS_WEIGHT:
+        y = y * tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(ACC)[None, :]
+    if HAS_BIAS:
+        y = y + tl.load(b_ptr + cols, mask=col_mask, other=0.0).to(ACC)[None, :]
+    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(mean_ptr + rows, mean, mask=row_mask)
+    tl.store(rstd_ptr + rows, rstd, mask=row_mask)
+
+
+@triton.jit
+def _chunk_moments(x_row, start, n_cols, ACC: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Count, mean and sum of squared deviations of one chunk of a row (exact, two-pass in
+    registers)."""
+    cols = start + tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    x = tl.load(x_row + cols, mask=mask, other=0.0).to(ACC)
+    count = tl.minimum(n_cols - start, BLOCK_N).to(ACC)
+    mean = tl.sum(x, axis=0) / count
+    centred = tl.where(mask, x - mean, 0.0)
+    return count, mean, tl.sum(centred * centred, axis=0)
+
+
+@triton.jit
+def layer_norm_fwd_chunked_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
+    n_cols, eps,
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
+    ACC: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Forward for long rows: one row per program, statistics pass then normalising pass."""
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * n_cols
+    y_row = y_ptr + row * n_cols
+
+    # Chan's update merges (count, mean, M2) of the row so far with those of the next chunk; M2
+    # is a sum of squared deviations from a mean, never a difference of large sums.
+    count, mean, m2 = _chunk_moments(x_row, 0, n_cols, ACC, BLOCK_N)
+    for start in range(BLOCK_N, n_cols, BLOCK_N):
+        chunk_count, chunk_mean, chunk_m2 = _chunk_moments(x_row, start, n_cols, ACC, BLOCK_N)
+        total = count + chunk_count
+        delta = chunk_mean - mean
+        mean += delta * (chunk_count / total)
+        m2 += chunk_m2 + delta * delta * (count * chunk_count / total)
+        count = total
+    rstd = 1.0 / tl.sqrt(m2 / n_cols + eps)
+    tl.store(mean_ptr + row, mean)
+    tl.store(rstd_ptr + row, rstd)
+
+    for start in range(0, n_cols, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        mask = cols < n_cols
+        x = tl.load(x_row + cols, mask=mask, other=0.0).to(ACC)
+        y = (x - mean) * rstd
+        if HAS_WEIGHT:
+            y = y * tl.load(w_ptr + cols, mask=mask, other=0.0).to(ACC)
+        if HAS_BIAS:
+            y = y + tl.load(b_ptr + cols, mask=mask, other=0.0).to(ACC)
+        tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def layer_norm_bwd_kernel(
+    dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr,
+    n_rows, n_cols, rows_per_program,
+    HAS_WEIGHT: tl.constexpr, COMPUTE_DX: tl.constexpr,
+    COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
+    ACC: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+):
+    """Single-block backward: ``dx`` for a group of rows, and that group's partial
+    ``dweight``/``dbias`` (row ``pid`` of the partial buffers), reading ``x`` and ``dy`` once."""
+    pid = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    col_mask = cols < n_cols
+    first_row = pid * rows_per_program
+    end_row = tl.minimum(first_row + rows_per_program, n_rows)
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(ACC)
+    dw_sum = tl.zeros([BLOCK_N], dtype=ACC)
+    db_sum = tl.zeros([BLOCK_N], dtype=ACC)
+    for tile_start in range(first_row, end_row, ROWS):
+        rows = tile_start + tl.arange(0, ROWS)
+        row_mask = rows < end_row
+        mask = row_mask[:, None] & col_mask[None, :]
+        offs = rows[:, None] * n_cols + cols[None, :]
+        # Padding reads 0 and xhat is masked to 0 there, so padding adds nothing to any sum.
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(ACC)
+        dy = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(ACC)
+        mean = tl.load(mean_ptr + rows, mask=row_mask, other=0.0)
+        rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
+        xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+        if COMPUTE_DX:
+            g = dy
+            if HAS_WEIGHT:
+                g = dy * w[None, :]
+            mean_g_xhat = tl.sum(g * xhat, axis=1) / n_cols
+            mean_g = tl.sum(g, axis=1) / n_cols
+            dx = (g - mean_g_xhat[:, None] * xhat - mean_g[:, None]) * rstd[:, None]
+            tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        if COMPUTE_DW:
+            dw_sum += tl.sum(dy * xhat, axis=0)
+        if COMPUTE_DB:
+            db_sum += tl.sum(dy, axis=0)
+    if COMPUTE_DW:
+        tl.store(dw_partial_ptr + pid * n_cols + cols, dw_sum, mask=col_mask)
+    if COMPUTE_DB:
+        tl.store(db_partial_ptr + pid * n_cols + cols, db_sum, mask=col_mask)
+
+
+@triton.jit
+def layer_norm_bwd_dx_chunked_kernel(
+    dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr,
+    n_cols,
+    HAS_WEIGHT: tl.constexpr, ACC: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """``dx`` for long rows, one row per program: the two row means, then ``dx``."""
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * n_cols
+    dy_row = dy_ptr + row * n_cols
+    dx_row = dx_ptr + row * n_cols
+    mean = tl.load(mean_ptr + row)
+    rstd = tl.load(rstd_ptr + row)
+
+    # Per-lane partial sums, reduced once after the loop.
+    g_xhat_lanes = tl.zeros([BLOCK_N], dtype=ACC)
+    g_lanes = tl.zeros([BLOCK_N], dtype=ACC)
+    for start in range(0, n_cols, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        mask = cols < n_cols
+        x = tl.load(x_row + cols, mask=mask, other=0.0).to(ACC)
+        g = tl.load(dy_row + cols, mask=mask, other=0.0).to(ACC)
+        if HAS_WEIGHT:
+            g = g * tl.load(w_ptr + cols, mask=mask, other=0.0).to(ACC)
+        g_xhat_lanes += g * tl.where(mask, (x - mean) * rstd, 0.0)
+        g_lanes += g
+    mean_g_xhat = tl.sum(g_xhat_lanes, axis=0) / n_cols
+    mean_g = tl.sum(g_lanes, axis=0) / n_cols
+
+    for start in range(0, n_cols, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        mask = cols < n_cols
+        x = tl.load(x_row + cols, mask=mask, other=0.0).to(ACC)
+        g = tl.load(dy_row + cols, mask=mask, other=0.0).to(ACC)
+        if HAS_WEIGHT:
+            g = g * tl.load(w_ptr + cols, mask=mask, other=0.0).to(ACC)
+        dx = (g - mean_g_xhat * ((x - mean) * rstd) - mean_g) * rstd
+        tl.store(dx_row + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def layer_norm_bwd_dwdb_chunked_kernel(
+    dy_ptr, x_ptr, mean_ptr, rstd_ptr, dw_partial_ptr, db_partial_ptr,
+    n_rows, n_cols, rows_per_program,
+    COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
+    ACC: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Partial ``dweight``/``dbias`` for long rows: program ``(g, c)`` sums rows of group ``g``
+    over column chunk ``c`` into row ``g`` of the partial buffers, in a fixed order."""
+    group = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < n_cols
+    first_row = group * rows_per_program
+    end_row = tl.minimum(first_row + rows_per_program, n_rows)
+    dw_sum = tl.zeros([BLOCK_N], dtype=ACC)
+    db_sum = tl.zeros([BLOCK_N], dtype=ACC)
+    for row in range(first_row, end_row):
+        x = tl.load(x_ptr + row * n_cols + cols, mask=col_mask, other=0.0).to(ACC)
+        dy = tl.load(dy_ptr + row * n_cols + cols, mask=col_mask, other=0.0).to(ACC)
+        if COMPUTE_DW:
+            dw_sum += dy * (x - tl.load(mean_ptr + row)) * tl.load(rstd_ptr + row)
+        if COMPUTE_DB:
+            db_sum += dy
+    if COMPUTE_DW:
+        tl.store(dw_partial_ptr + group * n_cols + cols, dw_sum, mask=col_mask)
+    if COMPUTE_DB:
+        tl.store(db_partial_ptr + group * n_cols + cols, db_sum, mask=col_mask)
+
+
+# --------------------------------------------------------------------------------------------
+# Launchers, registered as ops.
+# --------------------------------------------------------------------------------------------
+def _rows_cols(x: torch.Tensor, norm_ndim: int) -> tuple[int, int]:
+    return math.prod(x.shape[: x.dim() - norm_ndim]), math.prod(x.shape[x.dim() - norm_ndim :])
+
+
+def _stats_dtype(dtype: torch.dtype) -> torch.dtype:
+    """mean/rstd and the partial sums are kept in the kernels' arithmetic type."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _placeholder(x: torch.Tensor) -> torch.Tensor:
+    """Stands in for a pointer a kernel never touches (its constexpr flag is off)."""
+    return x.new_empty(0)
+
+
+def _layer_norm_forward_fake(x, weight, bias, norm_ndim, eps):
+    n_rows, _ = _rows_cols(x, norm_ndim)
+    stats = _stats_dtype(x.dtype)
+    return (
+        torch.empty(x.shape, dtype=x.dtype, device=x.device),
+        x.new_empty(n_rows, dtype=stats),
+        x.new_empty(n_rows, dtype=stats),
+    )
+
+
+@register_op("layer_norm_forward", fake=_layer_norm_forward_fake)
+def layer_norm_forward(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    norm_ndim: int,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(y, mean, rstd)`` of layer norm over the last ``norm_ndim`` dims of ``x`` (arguments
+    already checked by :func:`layer_norm`); ``mean`` and ``rstd`` have one value per row."""
+    n_rows, n_cols = _rows_cols(x, norm_ndim)
+    stats = _stats_dtype(x.dtype)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    mean = x.new_empty(n_rows, dtype=stats)
+    rstd = x.new_empty(n_rows, dtype=stats)
+    if n_rows == 0:
+        return y, mean, rstd
+    if n_cols == 0:  # statistics of nothing, as PyTorch: NaN
+        return y, mean.fill_(math.nan), rstd.fill_(math.nan)
+    x = x.contiguous()
+    w = weight.contiguous() if weight is not None else _placeholder(x)
+    b = bias.contiguous() if bias is not None else _placeholder(x)
+    flags = dict(HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, ACC=acc_dtype(x.dtype))
+    with runtime.device_guard(x):
+        if n_cols <= SINGLE_BLOCK_MAX_COLS:
+            tile = row_tile(n_cols, n_rows, tile_elems=TILE_ELEMS, max_rows=MAX_ROWS_PER_PROGRAM)
+            wrap_triton(layer_norm_fwd_kernel)[(triton.cdiv(n_rows, tile.rows),)](
+                x, w, b, y, mean, rstd, n_rows, n_cols, eps,
+                BLOCK_N=tile.block_cols, ROWS=tile.rows, num_warps=tile.num_warps, **flags,
+            )
+        else:
+            tile = chunk_tile(n_cols, CHUNK_COLS)
+            wrap_triton(layer_norm_fwd_chunked_kernel)[(n_rows,)](
+                x, w, b, y, mean, rstd, n_cols, eps,
+                BLOCK_N=tile.block_cols, num_warps=tile.num_warps, **flags,
+            )
+    return y, mean, rstd
+
+
+def _layer_norm_backward_fake(dy, x, weight, mean, rstd, norm_ndim, need_dx, need_dw, need_db):
+    _, n_cols = _rows_cols(x, norm_ndim)
+    stats = _stats_dtype(x.dtype)
+    return (
+        torch.empty(x.shape if need_dx else (0,), dtype=x.dtype, device=x.device),
+        x.new_empty(n_cols if need_dw else 0, dtype=stats),
+        x.new_empty(n_cols if need_db else 0, dtype=stats),
+    )
+
+
+@register_op("layer_norm_backward", fake=_layer_norm_backward_fake)
+def layer_norm_backward(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    norm_ndim: int,
+    need_dx: bool,
+    need_dw: bool,
+    need_db: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dx, dweight, dbias)``; each one not asked for is an empty placeholder. ``dweight`` and
+    ``dbias`` come flat, in the arithmetic type (fp32, or fp64): the caller casts and reshapes."""
+    n_rows, n_cols = _rows_cols(x, norm_ndim)
+    stats = _stats_dtype(x.dtype)
+    dx = torch.empty(x.shape if need_dx else (0,), dtype=x.dtype, device=x.device)
+    if n_rows == 0 or n_cols == 0:  # a sum over no rows is 0
+        dw = x.new_zeros(n_cols if need_dw else 0, dtype=stats)
+        db = x.new_zeros(n_cols if need_db else 0, dtype=stats)
+        return dx, dw, db
+    dy, x = dy.contiguous(), x.contiguous()
+    w = weight.contiguous() if weight is not None else _placeholder(x)
+    acc = acc_dtype(x.dtype)
+    with runtime.device_guard(x):
+        if n_cols <= BACKWARD_SINGLE_BLOCK_MAX_COLS:
+            tile = row_tile(n_cols, n_rows, tile_elems=TILE_ELEMS, max_rows=MAX_ROWS_PER_PROGRAM)
+            # A fixed partition of the rows into groups (it depends only on the shape and the
+            # GPU): the same summation order, so the same bits, every run.
+            n_programs = min(
+                runtime.num_sms(x.device) * BACKWARD_PROGRAMS_PER_SM, triton.cdiv(n_rows, tile.rows)
+            )
+            rows_per_program = triton.cdiv(n_rows, n_programs)
+            n_programs = triton.cdiv(n_rows, rows_per_program)
+            dw_partial = x.new_empty((n_programs, n_cols) if need_dw else 0, dtype=stats)
+            db_partial = x.new_empty((n_programs, n_cols) if need_db else 0, dtype=stats)
+            wrap_triton(layer_norm_bwd_kernel)[(n_programs,)](
+                dy, x, w, mean, rstd, dx, dw_partial, db_partial,
+                n_rows, n_cols, rows_per_program,
+                HAS_WEIGHT=weight is not None, COMPUTE_DX=need_dx,
+                COMPUTE_DW=need_dw, COMPUTE_DB=need_db,
+                ACC=acc, BLOCK_N=tile.block_cols, ROWS=tile.rows, num_warps=tile.num_warps,
+            )
+        else:
+            tile = chunk_tile(n_cols, CHUNK_COLS)
+            if need_dx:
+                wrap_triton(layer_norm_bwd_dx_chunked_kernel)[(n_rows,)](
+                    dy, x, w, mean, rstd, dx, n_cols,
+                    HAS_WEIGHT=weight is not None, ACC=acc,
+                    BLOCK_N=tile.block_cols, num_warps=tile.num_warps,
+                )
+            n_col_blocks = triton.cdiv(n_cols, tile.block_cols)
+            n_groups = min(
+                n_rows,
+                triton.cdiv(runtime.num_sms(x.device) * BACKWARD_PROGRAMS_PER_SM, n_col_blocks),
+            )
+            rows_per_group = triton.cdiv(n_rows, n_groups)
+            n_groups = triton.cdiv(n_rows, rows_per_group)
+            dw_partial = x.new_empty((n_groups, n_cols) if need_dw else 0, dtype=stats)
+            db_partial = x.new_empty((n_groups, n_cols) if need_db else 0, dtype=stats)
+            if need_dw or need_db:
+                wrap_triton(layer_norm_bwd_dwdb_chunked_kernel)[(n_groups, n_col_blocks)](
+                    dy, x, mean, rstd, dw_partial, db_partial,
+                    n_rows, n_cols, rows_per_group,
+                    COMPUTE_DW=need_dw, COMPUTE_DB=need_db,
+                    ACC=acc, BLOCK_N=tile.block_cols, num_warps=num_warps_for(tile.block_cols),
+                )
+    # The second, small stage of the reduction: torch.sum over a fixed-shape buffer is
+    # deterministic.
+    dw = dw_partial.sum(0) if need_dw else dw_partial
+    db = db_partial.sum(0) if need_db else db_partial
+    return dx, dw, db
+
+
+def _layer_norm_setup_context(ctx, inputs, output):
+    x, weight, bias, norm_ndim, _ = inputs
+    _, mean, rstd = output
+    ctx.save_for_backward(x, weight, mean, rstd)
+    ctx.norm_ndim = norm_ndim
+    ctx.bias_dtype = bias.dtype if bias is not None else None
+
+
+def _layer_norm_backward_autograd(ctx, dy, _dmean, _drstd):
+    x, weight, mean, rstd = ctx.saved_tensors
+    need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
+    dx, dw, db = layer_norm_backward(
+        dy, x, weight, mean, rstd, ctx.norm_ndim, need_dx, need_dw, need_db
+    )
+    norm_shape = x.shape[x.dim() - ctx.norm_ndim :]
+    return (
+        dx if need_dx else None,
+        dw.view(norm_shape).to(weight.dtype) if need_dw else None,
+        db.view(norm_shape).to(ctx.bias_dtype) if need_db else None,
+        None,
+        None,
+    )
+
+
+layer_norm_forward.register_autograd(
+    _layer_norm_backward_autograd, setup_context=_layer_norm_setup_context
+)
+
+
+# --------------------------------------------------------------------------------------------
+# Public function.
+# --------------------------------------------------------------------------------------------
+def _check_normalized_shape(normalized_shape, x: torch.Tensor) -> tuple[int, ...]:
+    if isinstance(normalized_shape, numbers.Integral) and not isinstance(normalized_shape, bool):
+        shape = (int(normalized_shape),)
+    elif isinstance(normalized_shape, (tuple, list, torch.Size)) and all(
+        isinstance(d, numbers.Integral) and not isinstance(d, bool) for d in normalized_shape
+    ):
+        shape = tuple(int(d) for d in normalized_shape)
+    else:
+        raise TypeError(
+            f"normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}"
+        )
+    if not shape:
+        raise ValueError("normalized_shape must name at least one dimension, got ()")
+    if x.dim() < len(shape) or tuple(x.shape[x.dim() - len(shape) :]) != shape:
+        raise ValueError(
+            f"normalized_shape {list(shape)} must match the trailing dimensions of x, "
+            f"got x of shape {tuple(x.shape)}"
+        )
+    return shape
+
+
+def _check_param(t, name: str, shape: tuple[int, ...]) -> None:
+    if t is None:
+        return
+    runtime.check_tensor(t, name, dtypes=SUPPORTED_DTYPES)
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name} must have shape normalized_shape {shape}, got {tuple(t.shape)}")
+
+
+def layer_norm(
+    x: torch.Tensor,
+    normalized_shape,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+) -> torch.Tensor:
+    """``torch.nn.functional.layer_norm`` in Triton: fp16/bf16/fp32 inputs with fp32 statistics
+    (fp64 computes in fp64), optional ``weight``/``bias`` of any float dtype, differentiable with
+    a deterministic ``dweight``/``dbias``, and traceable by ``torch.compile``."""
+    runtime.check_tensor(x, "x", dtypes=SUPPORTED_DTYPES)
+    shape = _check_normalized_shape(normalized_shape, x)
+    _check_param(weight, "weight", shape)
+    _check_param(bias, "bias", shape)
+    runtime.check_same_device(x=x, weight=weight, bias=bias)
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+        raise TypeError(f"eps must be a float, got {type(eps).__name__}")
+    if not eps >= 0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
+    y, _, _ = layer_norm_forward(x, weight, bias, len(shape), float(eps))
+    return y

@@ -1,0 +1,196 @@
+"""softmax against torch.softmax computed in float64: values and gradients, both kernel paths.
+
+The multi-block (online) path normally starts past 16384 columns; the ``multi_block`` fixture
+lowers the module's threshold so that short rows exercise it in the interpreter in milliseconds.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import triton_workshop  # noqa: F401  (decides interpreter-or-GPU before the kernels import)
+from triton_workshop import nn as tw_nn
+from triton_workshop.ops import softmax as softmax_ops
+from triton_workshop.ops.softmax import softmax
+from triton_workshop.runtime import DEVICE, INTERPRET
+
+TOLERANCES = {
+    torch.float64: dict(atol=1e-10, rtol=1e-10),
+    torch.float32: dict(atol=1e-5, rtol=1e-5),
+    torch.float16: dict(atol=1e-2, rtol=1e-2),
+    torch.bfloat16: dict(atol=2e-2, rtol=2e-2),
+}
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+gpu_only = pytest.mark.skipif(INTERPRET, reason="needs a CUDA device")
+
+
+@pytest.fixture(params=["single_block", "multi_block"])
+def path(request, monkeypatch):
+    """Run the test on both kernel paths: the multi-block one with every row of 2+ columns
+    streamed in chunks of at most 64 (so 1000 columns take 16 chunks)."""
+    if request.param == "multi_block":
+        monkeypatch.setattr(softmax_ops, "SINGLE_BLOCK_MAX_COLS", 1)
+        monkeypatch.setattr(softmax_ops, "CHUNK_COLS", 64)
+    return request.param
+
+
+def _randn(*shape, dtype=torch.float32, seed=0, scale=3.0):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).to(DEVICE, dtype)
+
+
+def _check(x, dim, dy=None):
+    """Compare softmax(x, dim) and its gradient for ``dy`` with float64 PyTorch."""
+    x = x.detach().requires_grad_()
+    y = softmax(x, dim)
+    assert y.dtype == x.dtype and y.shape == x.shape
+    x64 = x.detach().double().requires_grad_()
+    ref = torch.softmax(x64, dim)
+    tol = TOLERANCES[x.dtype]
+    torch.testing.assert_close(y.double(), ref, equal_nan=True, **tol)
+    if dy is None:
+        dy = _randn(*x.shape, dtype=x.dtype, seed=1)
+    (dx,) = torch.autograd.grad(y, x, dy)
+    (ref_dx,) = torch.autograd.grad(ref, x64, dy.double())
+    assert dx.dtype == x.dtype
+    torch.testing.assert_close(dx.double(), ref_dx, equal_nan=True, **tol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(1, 1), (4, 3), (7, 127), (5, 1000), (2, 3, 129)], ids=str)
+def test_values_and_grads(path, shape, dtype):
+    _check(_randn(*shape, dtype=dtype), -1)
+
+
+@pytest.mark.parametrize("dim", [0, 1, -2, 2])
+def test_any_dim(path, dim):
+    _check(_randn(4, 5, 33, dtype=torch.float32), dim)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda x: x.t(),  # softmax over a strided dim
+        lambda x: x[:, ::3],  # sliced columns
+        lambda x: x[1::2],  # sliced rows
+        lambda x: x[:, :1].expand(-1, 50),  # stride-0 columns
+    ],
+    ids=["transposed", "col_slice", "row_slice", "expanded"],
+)
+def test_non_contiguous_input_and_grad(path, make):
+    x = make(_randn(40, 150))
+    assert not x.is_contiguous()
+    dy = _randn(x.shape[1], x.shape[0], seed=2).t()  # a non-contiguous incoming gradient
+    _check(x, -1, dy=dy)
+
+
+def test_row_longer_than_default_single_block_limit():
+    n_cols = softmax_ops.SINGLE_BLOCK_MAX_COLS + 1000
+    _check(_randn(2, n_cols), -1)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # the NaN rows, in numpy
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_masked_entries_and_all_minus_inf_rows(path, dtype):
+    x = _randn(6, 300, dtype=dtype)
+    x[0, ::2] = float("-inf")  # masked entries
+    x[1, :200] = float("-inf")  # the first chunks all -inf, then finite values
+    x[2] = float("-inf")  # a fully masked row: NaN, as in PyTorch
+    x[3, 7] = float("inf")  # +inf: NaN, as in PyTorch
+    y = softmax(x)
+    ref = torch.softmax(x.double(), -1)
+    torch.testing.assert_close(y.double(), ref, equal_nan=True, **TOLERANCES[dtype])
+    assert torch.isnan(y[2]).all() and torch.isfinite(y[[0, 1, 4, 5]]).all()
+
+
+def test_large_values_do_not_overflow(path):
+    x = _randn(4, 257) * 1e4  # exp(1e4) is inf in fp32: only max subtraction saves it
+    _check(x, -1)
+    assert torch.isfinite(softmax(x)).all()
+
+
+@pytest.mark.parametrize(
+    "shape,dim", [((0, 5), -1), ((3, 0), -1), ((0,), 0), ((3, 0, 4), 0)], ids=str
+)
+def test_empty(shape, dim):
+    x = torch.empty(shape, device=DEVICE, requires_grad=True)
+    y = softmax(x, dim)
+    assert y.shape == x.shape
+    y.sum().backward()
+    assert x.grad.shape == x.shape
+
+
+def test_zero_dim_tensor():
+    x = torch.tensor(2.5, device=DEVICE)
+    torch.testing.assert_close(softmax(x, 0), torch.softmax(x, 0))
+    torch.testing.assert_close(softmax(x, -1), torch.softmax(x, -1))
+
+
+@pytest.mark.parametrize("shape,dim", [((3, 19), -1), ((7, 4), 0)], ids=str)
+def test_gradcheck_float64(path, shape, dim):
+    # fp64 inputs compute in fp64 inside the kernels, so finite differences are meaningful.
+    x = _randn(*shape, dtype=torch.float64, scale=1.0).requires_grad_()
+    assert torch.autograd.gradcheck(lambda t: softmax(t, dim), (x,))
+
+
+def test_torch_compile_matches_eager():
+    def f(x):
+        return (softmax(x * 2.0, dim=-1) * softmax(x, dim=0)).sum(-1)
+
+    x = _randn(6, 40).requires_grad_()
+    compiled = torch.compile(f, fullgraph=True)
+    out_c = compiled(x)
+    (grad_c,) = torch.autograd.grad(out_c.sum(), x)
+    out_e = f(x)
+    (grad_e,) = torch.autograd.grad(out_e.sum(), x)
+    torch.testing.assert_close(out_c, out_e)
+    torch.testing.assert_close(grad_c, grad_e)
+
+
+def test_module_matches_torch():
+    x = _randn(3, 4, 10)
+    for dim in (-1, 1):
+        torch.testing.assert_close(tw_nn.Softmax(dim)(x), torch.nn.Softmax(dim)(x))
+    assert "dim=1" in repr(tw_nn.Softmax(1))
+
+
+@pytest.mark.parametrize(
+    "args,error,match",
+    [
+        (([[1.0, 2.0]],), TypeError, "x must be a torch.Tensor"),
+        ((torch.ones(2, 3, dtype=torch.int32),), TypeError, "x must have dtype"),
+        ((torch.ones(2, 3), 2), ValueError, "dim"),
+        ((torch.ones(2, 3), -3), IndexError, "dim"),
+        ((torch.ones(2, 3), 1.0), TypeError, "dim"),
+        ((torch.ones(2, 3), True), TypeError, "dim"),
+        ((torch.ones(2, 3), None), TypeError, "dim"),
+    ],
+    ids=[
+        "not_tensor", "int_dtype", "dim_too_big", "dim_too_negative", "dim_float", "dim_bool",
+        "dim_none",
+    ],
+)
+def test_bad_inputs(args, error, match):
+    args = tuple(a.to(DEVICE) if isinstance(a, torch.Tensor) else a for a in args)
+    with pytest.raises(error, match=match):
+        softmax(*args)
+
+
+@gpu_only
+def test_cpu_tensor_on_gpu_is_rejected():
+    with pytest.raises(ValueError, match="x must be on"):
+        softmax(torch.ones(2, 3))
+
+
+@gpu_only
+@pytest.mark.gpu
+def test_offsets_past_2_31_elements():
+    # 2**31 + 4096 fp16 elements (4 GiB): row index * row stride overflows int32 in the last rows.
+    n_cols = 1024
+    n_rows = 2**31 // n_cols + 4
+    x = torch.zeros(n_rows, n_cols, device="cuda", dtype=torch.float16)
+    x[-8:].normal_()
+    y = softmax(x)
+    ref = torch.softmax(x[-8:].float(), -1)
+    torch.testing.assert_close(y[-8:].float(), ref, **TOLERANCES[torch.float16])
