@@ -89,7 +89,9 @@ def test_help_and_list_exit_zero(capsys):
 # The registry and each workload at a tiny scale.
 # --------------------------------------------------------------------------------------------
 def test_registry_lists_the_expected_specs():
-    assert SPEC_NAMES == ("elementwise", "image", "softmax", "layer_norm", "matmul")
+    assert SPEC_NAMES == (
+        "elementwise", "image", "softmax", "layer_norm", "matmul", "conv", "attention",
+    )
     names = {name: [w.name for w in load_spec(name).workloads] for name in SPEC_NAMES}
     assert names["elementwise"] == ["sqrt(a*b+c)", "add"]
     assert names["image"] == ["greyscale", "sepia", "filter2d 3x3", "filter2d 5x5"]
@@ -97,6 +99,11 @@ def test_registry_lists_the_expected_specs():
     assert names["layer_norm"] == ["layer_norm fwd", "layer_norm fwd+bwd"]
     assert names["matmul"] == [
         "matmul", "matmul", "matmul IEEE", "matmul TF32", "matmul+leaky_relu", "matmul+leaky_relu",
+    ]
+    assert names["conv"] == ["conv2d 3x3 NCHW", "conv2d 3x3 channels_last"]
+    assert names["attention"] == [
+        "attention fwd D=128", "attention fwd D=64", "attention fwd causal D=128",
+        "attention fwd causal D=64", "attention fwd+bwd causal D=128", "attention fwd+bwd causal D=64",
     ]
     for name in SPEC_NAMES:
         spec = load_spec(name)
@@ -114,6 +121,13 @@ def test_table_sizes_are_headlines():
     assert (8192, 8192) in _find("layer_norm", "layer_norm fwd+bwd").headlines
     fp16 = _find("matmul", "matmul", torch.float16)
     assert {(4096,) * 3, (8192,) * 3, (5012, 2100, 7777)} <= set(fp16.headlines)
+    for layout in ("NCHW", "channels_last"):
+        conv = _find("conv", f"conv2d 3x3 {layout}")
+        assert conv.headlines == conv.quick == ((32, 64, 56, 56),)
+    for w in load_spec("attention").workloads:
+        d = w.sizes[0][-1]
+        assert w.sizes == tuple((4, 32, n, d) for n in (1024, 2048, 4096))
+        assert w.headlines == w.quick == ((4, 32, 4096, d),)
 
 
 @pytest.mark.parametrize("w", _workloads())
@@ -161,11 +175,39 @@ def test_tiny_inputs_and_peers_match_ours(w: Workload):
         ("matmul", "matmul", torch.float16, (4096, 4096, 4096), 137_438_953_472),
         ("matmul", "matmul", torch.bfloat16, (5012, 2100, 7777), 163_708_960_800),
         ("matmul", "matmul+leaky_relu", torch.float16, (4096, 4096, 4096), 137_438_953_472),
+        # 2·N·F·OH·OW·C·9 = 2·32·64·56·56·64·9, and 2·32·256·28·28·256·9
+        ("conv", "conv2d 3x3 NCHW", torch.float16, (32, 64, 56, 56), 7_398_752_256),
+        ("conv", "conv2d 3x3 channels_last", torch.float16, (32, 256, 28, 28), 29_595_009_024),
+        # FlashAttention-2's convention: 4·B·H·N²·D = 2^40 at 4×32×4096×128; causal half of it;
+        # fwd+bwd = 3.5 × the forward.
+        ("attention", "attention fwd D=128", torch.float16, (4, 32, 4096, 128), 2**40),
+        ("attention", "attention fwd D=64", torch.float16, (4, 32, 1024, 64), 2**35),
+        ("attention", "attention fwd causal D=128", torch.float16, (4, 32, 4096, 128), 2**39),
+        ("attention", "attention fwd+bwd causal D=128", torch.float16, (4, 32, 4096, 128),
+         7 * 2**38),
+        ("attention", "attention fwd+bwd causal D=64", torch.float16, (4, 32, 2048, 64),
+         240_518_168_576),
     ],
 )
 def test_work_accounting(spec, name, dtype, size, expected):
     w = _find(spec, name, dtype)
     assert w.work(size, w.dtype) == expected
+
+
+def test_gemm_ceilings_do_the_workloads_flops():
+    """The TFLOP/s ceilings are cuBLAS GEMMs whose 2·m·n·k is exactly the workload's count, so the
+    runner's rate for them (work / their time) is cuBLAS's true rate."""
+    from triton_workshop.bench import attention, conv
+
+    for w in load_spec("attention").workloads:
+        for size in w.sizes:
+            m, n, k = attention.gemm_shape(size, w.work(size, w.dtype))
+            assert 2 * m * n * k == w.work(size, w.dtype), (w.name, size)
+    for size in conv.SIZES:
+        batch, channels, height, width = size
+        m, n, k = conv.gemm_shape(size, (channels, channels, 3, 3))
+        assert (m, n, k) == (batch * height * width, channels, channels * 9)
+        assert 2 * m * n * k == conv.conv_flops(size, torch.float16)
 
 
 def test_rates_and_labels():
@@ -174,6 +216,9 @@ def test_rates_and_labels():
     assert runner.size_label((2**24,)) == "2^24"
     assert runner.size_label((3, 8192, 8192)) == "3×8192×8192"
     assert _find("softmax", "softmax fwd").shrink((8192, 8192)) == (64, 64)
+    # Attention's tiny shapes stay ones every SDPA backend takes (D % 8 == 0, N % 64 == 0).
+    assert _find("attention", "attention fwd D=128").shrink((4, 32, 4096, 128)) == (2, 2, 128, 16)
+    assert _find("attention", "attention fwd D=64").shrink((4, 32, 4096, 64)) == (2, 2, 128, 8)
 
 
 def test_check_catches_a_wrong_result_at_any_scale():
@@ -343,3 +388,93 @@ def test_csv_plot_meta_and_tables(tmp_path):
 
     meta = runner.write_meta(tmp_path / "out" / "meta.json", {"gpu": "Fake GPU", "summary": summary})
     assert json.loads(meta.read_text())["gpu"] == "Fake GPU"
+
+
+# --------------------------------------------------------------------------------------------
+# The attention and conv specs through the runner, on the CPU, with a timer that only calls.
+# --------------------------------------------------------------------------------------------
+def _one_ms(fn):
+    fn()
+    return 1.0
+
+
+def test_attention_case_reports_unavailable_backends_and_measures_its_ceiling():
+    """An SDPA backend that cannot run the case (here: cuDNN on the CPU) is n/a, never a crash;
+    the case still checks ours against SDPA math and times the GEMM ceiling."""
+    import dataclasses
+
+    from triton_workshop.bench import attention
+
+    pytest.importorskip(attention.MODULE)
+    w = dataclasses.replace(
+        _find("attention", "attention fwd causal D=64"),
+        optional_peers={},
+        peers={attention.SDPA_FLASH: attention.sdpa("FLASH_ATTENTION", True),
+               attention.SDPA_CUDNN: attention.sdpa("CUDNN_ATTENTION", True)},
+    )
+    size = (1, 2, 40, 16)
+    spec = Spec(name="attention", title="Attention", workloads=[w])
+    rows = runner.run_case(spec, w, size, _one_ms, runtime.DEVICE, None, with_compile=False,
+                           headline=True)
+    by = {r.candidate: r for r in rows}
+    assert list(by) == [OURS, attention.SDPA_MATH, attention.SDPA_FLASH, attention.SDPA_CUDNN]
+    assert by[OURS].status == by[attention.SDPA_MATH].status == "ok"
+    if not torch.cuda.is_available():
+        assert by[attention.SDPA_CUDNN].status == "unavailable" and by[attention.SDPA_CUDNN].note
+    assert by[OURS].ceiling == pytest.approx(runner.rate_of(w.work(size, w.dtype), 1.0, TFLOPS))
+    table = runner.render_text(runner.spec_table(spec.title, rows))
+    assert attention.SDPA_CUDNN in table and "TFLOP/s" in table
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the backends exist")
+def test_attention_cuda_backends_are_reported_missing_on_the_cpu():
+    from triton_workshop.bench import attention
+
+    found = _find("attention", "attention fwd D=128").candidates(with_compile=False)
+    for name in (attention.SDPA_FLASH, attention.SDPA_CUDNN):
+        assert isinstance(found[name], str) and "needs a CUDA GPU" in found[name]
+
+
+def test_attention_gemm_ceiling_runs_forward_and_backward():
+    from triton_workshop.bench import attention
+
+    w = _find("attention", "attention fwd+bwd causal D=64")
+    size = (1, 2, 8, 4)
+    q, k, v = w.make_inputs(size, w.dtype, runtime.DEVICE)
+    grads = torch.autograd.grad(w.ceiling(q, k, v), (q, k, v), torch.ones_like(q))
+    assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+    m, n, inner = attention.gemm_shape(size, w.work(size, w.dtype))
+    assert [t.shape for t in attention._OPERANDS[q]] == [(m, inner), (inner, n)]
+
+
+def test_conv_case_times_both_cudnn_layouts_and_the_gemm_ceiling():
+    from triton_workshop.bench import conv
+
+    pytest.importorskip(conv.MODULE)
+    w = _find("conv", "conv2d 3x3 channels_last")
+    size = (2, 8, 6, 6)
+    spec = Spec(name="conv", title="Conv", workloads=[w])
+    rows = runner.run_case(spec, w, size, _one_ms, runtime.DEVICE, None, with_compile=False,
+                           headline=True)
+    assert [(r.candidate, r.status) for r in rows] == [
+        (OURS, "ok"), (conv.CUDNN_CHANNELS_LAST, "ok"), (conv.CUDNN_NCHW, "ok")]
+    assert rows[0].ceiling == pytest.approx(runner.rate_of(w.work(size, w.dtype), 1.0, TFLOPS))
+    assert rows[0].ceiling_source == conv.CEILING_NAME
+
+
+def test_conv_inputs_layouts_and_peers():
+    from triton_workshop.bench import conv
+
+    nchw, last = _find("conv", "conv2d 3x3 NCHW"), _find("conv", "conv2d 3x3 channels_last")
+    x, weight = nchw.make_inputs((2, 8, 6, 6), torch.float16, runtime.DEVICE)
+    assert x.is_contiguous() and weight.is_contiguous()
+    x, weight = last.make_inputs((2, 8, 6, 6), torch.float16, runtime.DEVICE)
+    assert x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+    assert weight.is_contiguous(memory_format=torch.channels_last)
+    # The other layout's copy is made once and reused by every timed call.
+    nchw_x = conv.in_layout(x, torch.contiguous_format)
+    assert nchw_x.is_contiguous() and conv.in_layout(x, torch.contiguous_format) is nchw_x
+    torch.testing.assert_close(nchw_x, x)
+    # The ceiling's GEMM has the conv's output shape (channels-last in memory, as an NHWC GEMM).
+    out = last.ceiling(x, weight)
+    assert out.shape == (2, 8, 6, 6) and out.is_contiguous(memory_format=torch.channels_last)

@@ -50,7 +50,7 @@ import torch
 from .. import runtime
 
 #: The specs, in the order the suite runs them; each is the module ``triton_workshop.bench.<name>``.
-SPEC_NAMES = ("elementwise", "image", "softmax", "layer_norm", "matmul")
+SPEC_NAMES = ("elementwise", "image", "softmax", "layer_norm", "matmul", "conv", "attention")
 
 GBPS = "GB/s"
 TFLOPS = "TFLOP/s"
