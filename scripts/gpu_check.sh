@@ -19,6 +19,7 @@ RESULTS=${OUT:-bench-results}
 mkdir -p "$RESULTS"
 
 run_tests=1
+PYTEST_ARGS=${PYTEST_ARGS:-}
 bench_args=()
 for arg in "$@"; do
     case "$arg" in
@@ -46,7 +47,7 @@ if [ "$run_tests" = 1 ]; then
         timeout_flag=(--timeout=300)
     fi
     start=$SECONDS
-    "$PYTHON" -m pytest tests -q -x "${timeout_flag[@]}" 2>&1 | tee "$RESULTS/pytest.log"
+    "$PYTHON" -m pytest tests -q -p no:cacheprovider "${timeout_flag[@]}" $PYTEST_ARGS 2>&1 | tee "$RESULTS/pytest.log"
     rc=$?
     tests_status=$([ $rc = 0 ] && echo "passed" || echo "FAILED (exit $rc)")
     echo "tests: $tests_status in $((SECONDS - start)) s"

@@ -11,6 +11,20 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _installed() -> bool:
+    from importlib.metadata import PackageNotFoundError, distribution
+    try:
+        distribution("triton-workshop")
+    except PackageNotFoundError:
+        return False
+    return True
+
+
+# The README's commands use the console scripts an install creates; CI installs the project as
+# the README says. A checkout run from PYTHONPATH=src (the GPU machine) has no scripts to call.
+pytestmark = pytest.mark.skipif(not _installed(), reason="triton-workshop is not pip-installed here")
 README = (ROOT / "README.md").read_text()
 BIN = Path(sys.executable).parent
 
