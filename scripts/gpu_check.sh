@@ -47,7 +47,8 @@ if [ "$run_tests" = 1 ]; then
         timeout_flag=(--timeout=300)
     fi
     start=$SECONDS
-    "$PYTHON" -m pytest tests -q -p no:cacheprovider "${timeout_flag[@]}" $PYTEST_ARGS 2>&1 | tee "$RESULTS/pytest.log"
+    # One config per autotuned kernel in the tests: correctness, not speed (bench tunes fully).
+    TRITON_WORKSHOP_AUTOTUNE=${TRITON_WORKSHOP_AUTOTUNE:-0} "$PYTHON" -m pytest tests -q -p no:cacheprovider "${timeout_flag[@]}" $PYTEST_ARGS 2>&1 | tee "$RESULTS/pytest.log"
     rc=$?
     tests_status=$([ $rc = 0 ] && echo "passed" || echo "FAILED (exit $rc)")
     echo "tests: $tests_status in $((SECONDS - start)) s"

@@ -16,6 +16,7 @@ in the interpreter, and the one helper that registers an op with ``torch.library
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 from dataclasses import dataclass
@@ -138,8 +139,9 @@ def device_guard(t: torch.Tensor):
 # --------------------------------------------------------------------------------------------
 def autotune(configs: Sequence[triton.Config], key: Sequence[str], **kwargs):
     """``triton.autotune`` on the GPU; in the interpreter only the first config (which must be
-    a sensible default), because the interpreter cannot benchmark."""
-    if INTERPRET:
+    a sensible default), because the interpreter cannot benchmark. ``TRITON_WORKSHOP_AUTOTUNE=0``
+    asks for the first config on the GPU too (fast test runs: each config is a compile)."""
+    if INTERPRET or os.environ.get("TRITON_WORKSHOP_AUTOTUNE", "1") == "0":
         configs = list(configs)[:1]
     return triton.autotune(configs=list(configs), key=list(key), **kwargs)
 
@@ -197,9 +199,28 @@ def acc_dtype(dtype: torch.dtype):
 # --------------------------------------------------------------------------------------------
 # Registration with torch.library, so that every public op works under torch.compile.
 # --------------------------------------------------------------------------------------------
+from torch._library.triton import is_wrap_triton_enabled, set_wrap_triton_enabled  # noqa: E402
+
+
 def wrap_triton(kernel):
-    """A kernel launch that ``torch.compile`` can trace (it runs the kernel directly in eager)."""
+    """A kernel launch that ``torch.compile`` can trace. Where torch has switched tracing off
+    (eager calls on plain tensors) it is the kernel itself: the traceable wrapper's dispatch
+    costs more than a small kernel runs."""
+    if not is_wrap_triton_enabled():
+        return kernel
     return torch.library.wrap_triton(kernel)
+
+
+def _launch_directly(launcher: Callable) -> Callable:
+    """``launcher`` with its kernels launched straight away rather than through the
+    traceable wrapper (for code that is not being traced)."""
+
+    @functools.wraps(launcher)
+    def direct(*args, **kwargs):
+        with set_wrap_triton_enabled(False):
+            return launcher(*args, **kwargs)
+
+    return direct
 
 
 def register_op(
@@ -223,11 +244,14 @@ def register_op(
         if INTERPRET:
             if fake is None:
                 raise TypeError(f"register_op({name!r}) needs fake= in interpreter mode")
-            op = torch.library.custom_op(qualname, mutates_args=tuple(mutates_args))(launcher)
+            # Opaque to torch.compile: its body only ever runs eagerly, on real tensors.
+            schema = torch.library.infer_schema(launcher, mutates_args=tuple(mutates_args))
+            op = torch.library.custom_op(qualname, mutates_args=tuple(mutates_args),
+                                         schema=schema)(_launch_directly(launcher))
             op.register_fake(fake)
         else:
             op = torch.library.triton_op(qualname, mutates_args=tuple(mutates_args))(launcher)
-        return RegisteredOp(op, launcher)
+        return RegisteredOp(op, _launch_directly(launcher))
 
     return decorate
 

@@ -1,0 +1,509 @@
+"""Matrix multiplication, with the epilogue (bias, activation) fused in, in three steps.
+
+1. **A naive tile.** Each program computes one ``BLOCK_M x BLOCK_N`` tile of ``C = A @ B``: it walks
+   K in steps of ``BLOCK_K``, loads a ``BLOCK_M x BLOCK_K`` slice of A and a ``BLOCK_K x BLOCK_N``
+   slice of B, and accumulates their ``tl.dot`` in fp32 registers. Each element of A is then read
+   ``N / BLOCK_N`` times instead of ``N`` times: bigger tiles mean fewer bytes moved per FLOP, which
+   is what turns a memory-bound loop into a tensor-core-bound one.
+2. **Grouped ordering.** Programs run roughly in launch order. Row-major ordering (all of row 0 of
+   C, then row 1) makes consecutive programs share one row-panel of A but stream *every* column
+   panel of B through L2, which does not fit for large N. Launching tiles in groups of ``GROUP_M``
+   rows, column by column, makes a wave of programs share ``GROUP_M`` panels of A and a few panels
+   of B, so most loads hit L2 instead of HBM. Measured on an H100, fp16, 128x256x64 tiles:
+   GROUP_M=8 against GROUP_M=1 (row-major) is 644 against 592 TFLOP/s at 8192³ and 663 against
+   478 at 16384³, where B no longer fits in the 50 MB L2.
+3. **Autotuning.** The best tile shape, pipeline depth and warp count depend on the GPU, the dtype
+   and the problem shape. ``runtime.autotune`` benchmarks a short list of configs the first time it
+   sees a new *bucket* of shapes (M, N and K rounded up to a power of two, so that a batch of
+   ragged sequence lengths does not retune for every length), and caches the winner. In the
+   interpreter it keeps only the first config, so that one is a good general one.
+
+The epilogue (``+ bias``, then ReLU / leaky ReLU / GELU) runs on the fp32 accumulator before the
+single store: ``act(A @ B + bias)`` costs one write of C instead of three passes over it.
+
+Numerics: products are accumulated in fp32 whatever the input dtype and rounded once, on the store.
+fp32 inputs follow PyTorch's TF32 setting (``torch.backends.cuda.matmul.allow_tf32``, or
+``fp32_precision`` on torch >= 2.9; see :func:`tf32_enabled`): TF32 tensor cores when it is on,
+exact fp32 (``input_precision="ieee"``) when it is off, so results match ``torch.matmul`` in both
+modes. Triton's interpreter multiplies bf16 bit patterns wrongly in
+``tl.dot`` (triton-lang/triton#11584), so there, and only there, bf16 tiles are widened to fp32
+before the dot; products of bf16 values are exact in fp32, so the result is what the GPU computes.
+
+Autograd: ``dA = dZ @ Bᵀ``, ``dB = Aᵀ @ dZ`` (both through this same kernel, reading the transposed
+views in place) and ``dbias = Σ dZ``, where ``dZ`` is the gradient at the pre-activation
+``Z = A @ B + bias``. ReLU and leaky ReLU (slope >= 0) get ``dZ`` from the saved *output* (its sign
+is the sign of Z), so nothing extra is stored. GELU (and leaky ReLU with a negative slope) needs Z
+itself; rather than keep a second M x N tensor alive from forward to backward, backward recomputes
+Z with one more matmul (the trade activation checkpointing makes: memory for FLOPs).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import runtime
+from ..runtime import FLOAT_DTYPES, register_op, wrap_triton
+
+#: Public activation names; ``None`` means none. Inside the registered op "none" stands for None,
+#: because a torch.library schema has no optional string with a meaning of its own.
+ACTIVATIONS = ("relu", "leaky_relu", "gelu")
+_OP_ACTIVATIONS = ("none",) + ACTIVATIONS
+_BIAS_DTYPES = FLOAT_DTYPES + (torch.float64,)
+
+
+def _config(bm, bn, bk, stages, warps, group_m=8):
+    return triton.Config(
+        {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group_m},
+        num_stages=stages,
+        num_warps=warps,
+    )
+
+
+#: Tuned for the H100 (227 KB of shared memory per block, wgmma tensor cores). configs[0] is what
+#: the interpreter runs and what a GPU falls back on when pruning leaves one config: 128x128x64 with
+#: 3 stages fits shared memory in fp32 too (3 x (128x64 + 64x128) x 4 B = 192 KB).
+CONFIGS = [
+    _config(128, 128, 64, 3, 8),
+    # fp16/bf16, large problems: 128x256x64 wins at 4096³ and 8192³ on an H100, 620-645 TFLOP/s
+    # against cuBLAS's 685-745 (torch 2.11, Triton 3.6).
+    _config(128, 256, 64, 3, 8),
+    _config(256, 128, 64, 3, 8),
+    _config(128, 128, 64, 4, 4),
+    _config(64, 256, 32, 4, 4),
+    _config(128, 64, 64, 4, 4),
+    _config(64, 128, 64, 4, 4),
+    # fp32 (TF32 or FMA): four bytes an element halve the K depth that fits. 128x256x32 is the
+    # best TF32 tile when B is K-major (the nn.Linear case, b = w.t()): ~330 TFLOP/s at 4096³.
+    _config(128, 256, 32, 3, 8),
+    _config(128, 128, 32, 4, 4),
+    _config(64, 128, 32, 4, 4),
+    # Small or skinny problems: more, smaller tiles to fill 132 SMs.
+    _config(64, 64, 64, 4, 4),
+    _config(64, 32, 32, 5, 2),
+    _config(32, 64, 32, 5, 2),
+    _config(16, 64, 128, 4, 4, group_m=1),
+]
+
+
+def _shared_memory_bytes(config: triton.Config, element_size: int) -> int:
+    """What the software pipeline keeps in shared memory: one A and one B slice per stage."""
+    kw = config.kwargs
+    return config.num_stages * (kw["BLOCK_M"] + kw["BLOCK_N"]) * kw["BLOCK_K"] * element_size
+
+
+def _shared_memory_limit() -> int:
+    if not torch.cuda.is_available():
+        return 227 * 1024
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return getattr(props, "shared_memory_per_block_optin", 227 * 1024)
+
+
+def prune_configs(configs, named_args, **kwargs):
+    """Drop, before benchmarking, the configs that cannot win.
+
+    Configs whose pipeline does not fit in shared memory would fail to launch; tiles much larger
+    than the (padded) problem compute mostly padding; small tiles on a large problem (already
+    thousands of tiles for 132 SMs) only re-read A and B more often. Never returns an empty list.
+    """
+    args = {**named_args, **kwargs}
+    element_size = args["a_ptr"].element_size()
+    limit = _shared_memory_limit()
+    fitting = [c for c in configs if _shared_memory_bytes(c, element_size) <= limit] or configs[:1]
+    sized = [
+        c
+        for c in fitting
+        if c.kwargs["BLOCK_M"] <= max(args["M_BUCKET"], 64)
+        and c.kwargs["BLOCK_N"] <= max(args["N_BUCKET"], 64)
+        and c.kwargs["BLOCK_K"] <= max(args["K_BUCKET"], 32)
+        and (
+            args["M_BUCKET"] * args["N_BUCKET"] < 2048 * 2048
+            or c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] >= 128 * 64
+        )
+    ]
+    return sized or fitting
+
+
+# --------------------------------------------------------------------------------------------
+# Kernels.
+# --------------------------------------------------------------------------------------------
+@triton.jit
+def _tanh(x):
+    # tanh(x) = sign(x) (1 - e^{-2|x|}) / (1 + e^{-2|x|}): the exponent is never positive, so this
+    # cannot overflow (e^{+2x} would be inf past x ~ 44 and give inf/inf = nan). Written out
+    # because tl.math.tanh is not in every Triton release this package supports.
+    e = tl.exp(-2.0 * tl.abs(x))
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x >= 0, t, -t)
+
+
+@triton.jit
+def _apply_activation(x, slope, ACTIVATION: tl.constexpr):
+    if ACTIVATION == "relu":
+        x = tl.maximum(x, 0.0)
+    elif ACTIVATION == "leaky_relu":
+        x = tl.where(x > 0, x, x * slope)
+    elif ACTIVATION == "gelu":
+        # The tanh approximation, as torch.nn.functional.gelu(approximate="tanh");
+        # 0.79788... = sqrt(2 / pi).
+        inner = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+        x = 0.5 * x * (1.0 + _tanh(inner))
+    return x
+
+
+@runtime.autotune(
+    configs=CONFIGS,
+    # Buckets, not M/N/K: a new length in the same power-of-two bucket reuses the tuned config.
+    # The precision is in the key because TF32 and IEEE fp32 favour different tiles.
+    key=["M_BUCKET", "N_BUCKET", "K_BUCKET", "INPUT_PRECISION"],
+    prune_configs_by={"early_config_prune": prune_configs},
+)
+@triton.jit(do_not_specialize=["M_BUCKET", "N_BUCKET", "K_BUCKET"])
+def matmul_kernel(
+    a_ptr, b_ptr, c_ptr, bias_ptr,
+    M, N, K,
+    stride_ab, stride_am, stride_ak,
+    stride_bb, stride_bk, stride_bn,
+    stride_cb, stride_cm, stride_cn,
+    stride_bias,
+    slope,
+    M_BUCKET, N_BUCKET, K_BUCKET,
+    HAS_BIAS: tl.constexpr,
+    ACTIVATION: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):  # fmt: skip
+    # One program per output tile; the batch is folded into axis 0 (axis 1 stops at 65535).
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    tiles_per_batch = num_pid_m * num_pid_n
+    batch = (pid // tiles_per_batch).to(tl.int64)
+    pid = pid % tiles_per_batch
+
+    # Grouped ordering: walk GROUP_M tile-rows column by column, so that the programs running at
+    # the same time share their A and B panels in L2 (see the module docstring).
+    num_pid_in_group = GROUP_M * num_pid_n
+    group_id = pid // num_pid_in_group
+    first_pid_m = group_id * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
+    pid_n = (pid % num_pid_in_group) // group_size_m
+
+    # 64-bit offsets: row * stride passes 2**31 on large operands (and on transposed ones, where a
+    # K step is M elements), and a 32-bit product would wrap around silently.
+    offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K).to(tl.int64)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+
+    # Strides, not shapes: a transposed or sliced operand (b = w.t(), b[:, ::2]) is read in place.
+    a_ptrs = a_ptr + batch * stride_ab + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + batch * stride_bb + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
+
+    # fp32 accumulator whatever the inputs: an fp16 running sum of K products would lose the low
+    # bits of every product once the sum is large (and overflow at 65504).
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        # other=0 on the K tail: a zero times anything adds nothing, so a ragged K needs no
+        # separate code path. Rows past M / columns past N read zeros too and are never stored.
+        k_left = K - k * BLOCK_K
+        a = tl.load(a_ptrs, mask=mask_m[:, None] & (offs_k[None, :] < k_left), other=0.0)
+        b = tl.load(b_ptrs, mask=(offs_k[:, None] < k_left) & mask_n[None, :], other=0.0)
+        if DOT_IN_FP32:
+            # Interpreter only (bf16 dots are wrong there); the GPU keeps native bf16 tensor cores.
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+
+    # Epilogue on the fp32 accumulator, before the one rounding to the output dtype.
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + offs_n * stride_bias, mask=mask_n, other=0.0)
+        acc += bias.to(tl.float32)[None, :]
+    acc = _apply_activation(acc, slope, ACTIVATION)
+
+    c_ptrs = c_ptr + batch * stride_cb + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+# --------------------------------------------------------------------------------------------
+# Launcher helpers.
+# --------------------------------------------------------------------------------------------
+def _batch_size(a: torch.Tensor, b: torch.Tensor) -> int | None:
+    """The batch of the result, or None for a 2-D product. A 2-D operand, or a batch of 1, is
+    broadcast (read with batch stride 0) against the other's batch."""
+    if a.dim() == 2 and b.dim() == 2:
+        return None
+    batches = [t.shape[0] for t in (a, b) if t.dim() == 3]
+    return max(batches) if min(batches) == 1 else batches[0]
+
+
+def _out_shape(a: torch.Tensor, b: torch.Tensor) -> tuple[int, ...]:
+    batch = _batch_size(a, b)
+    mn = (a.shape[-2], b.shape[-1])
+    return mn if batch is None else (batch, *mn)
+
+
+def _batch_stride(t: torch.Tensor) -> int:
+    return t.stride(0) if t.dim() == 3 and t.shape[0] != 1 else 0
+
+
+def _bucket(n) -> int:
+    # Under torch.compile the sizes may be symbolic; the autotune key is not used there (Inductor
+    # tunes user kernels itself), so pass the size through rather than guard on it.
+    return triton.next_power_of_2(n) if isinstance(n, int) else n
+
+
+def tf32_enabled() -> bool:
+    """Whether PyTorch would use TF32 for an fp32 matmul on CUDA right now.
+
+    torch >= 2.9 keeps the setting as ``torch.backends.cuda.matmul.fp32_precision`` (read here
+    already resolved through its parents, so ``torch.backends.fp32_precision = "tf32"`` counts);
+    the legacy ``allow_tf32`` is kept in sync when it is *set*, but reading it raises once the two
+    APIs were mixed. Older torch has only ``allow_tf32`` (which ``set_float32_matmul_precision``
+    also drives).
+    """
+    backend = torch.backends.cuda.matmul
+    precision = getattr(backend, "fp32_precision", None)
+    if precision is not None:
+        return precision == "tf32"
+    return bool(backend.allow_tf32)
+
+
+def _input_precision(dtype: torch.dtype) -> str:
+    # Hopper's TF32 wgmma reads only K-major operands: with a row-major (K, N) B, Triton re-lays
+    # the tile out and TF32 runs at ~85 TFLOP/s on an H100 (cuBLAS: ~370); with B = w.t() it
+    # reaches ~330. We keep reading B in place rather than copy it.
+    if dtype == torch.float32 and tf32_enabled():
+        return "tf32"
+    # fp32 with TF32 off; fp16 and bf16 dots are exact products either way.
+    return "ieee"
+
+
+def _activation_torch(z: torch.Tensor, activation: str, slope: float) -> torch.Tensor:
+    if activation == "relu":
+        return torch.relu(z)
+    if activation == "leaky_relu":
+        return torch.nn.functional.leaky_relu(z, slope)
+    if activation == "gelu":
+        return torch.nn.functional.gelu(z, approximate="tanh")
+    return z
+
+
+def _matmul_fake(a, b, bias, activation, slope):
+    return a.new_empty(_out_shape(a, b))
+
+
+# --------------------------------------------------------------------------------------------
+# The registered op (inputs already validated by the public functions below).
+# --------------------------------------------------------------------------------------------
+@register_op("matmul", fake=_matmul_fake)
+def _matmul(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    activation: str,
+    slope: float,
+) -> torch.Tensor:
+    if activation not in _OP_ACTIVATIONS:
+        raise ValueError(f"activation must be one of {_OP_ACTIVATIONS}, got {activation!r}")
+    shape = _out_shape(a, b)
+    M, K = a.shape[-2:]
+    N = b.shape[-1]
+    batch = 1 if len(shape) == 2 else shape[0]
+
+    if M == 0 or N == 0 or batch == 0:
+        return a.new_empty(shape)
+    if K == 0:
+        # An empty sum is 0, so the result is the epilogue applied to zeros: no kernel needed.
+        z = torch.zeros(shape, dtype=torch.float32, device=a.device)
+        if bias is not None:
+            z = z + bias.to(torch.float32)
+        return _activation_torch(z, activation, slope).to(a.dtype)
+
+    out = a.new_empty(shape)
+    bias_arg = bias if bias is not None else out  # never read when HAS_BIAS is False
+
+    def grid(meta):
+        return (batch * triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
+
+    with runtime.device_guard(a):
+        wrap_triton(matmul_kernel)[grid](
+            a, b, out, bias_arg,
+            M, N, K,
+            _batch_stride(a), a.stride(-2), a.stride(-1),
+            _batch_stride(b), b.stride(-2), b.stride(-1),
+            out.stride(0) if out.dim() == 3 else 0, out.stride(-2), out.stride(-1),
+            bias.stride(0) if bias is not None else 0,
+            slope,
+            _bucket(M), _bucket(N), _bucket(K),
+            HAS_BIAS=bias is not None,
+            ACTIVATION=activation,
+            INPUT_PRECISION=_input_precision(a.dtype),
+            DOT_IN_FP32=runtime.INTERPRET and a.dtype == torch.bfloat16,
+        )  # fmt: skip
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Autograd.
+# --------------------------------------------------------------------------------------------
+def _needs_preactivation(activation: str, slope: float) -> bool:
+    # ReLU and leaky ReLU with slope >= 0 keep the sign of their input: out > 0 exactly when
+    # Z > 0, so the output alone tells which branch each element took.
+    return activation == "gelu" or (activation == "leaky_relu" and slope < 0)
+
+
+def _matmul_setup_context(ctx, inputs, output):
+    a, b, bias, activation, slope = inputs
+    ctx.activation = activation
+    ctx.slope = slope
+    keep_output = activation != "none" and not _needs_preactivation(activation, slope)
+    ctx.save_for_backward(a, b, bias, output if keep_output else None)
+
+
+def _preactivation_grad(ctx, grad, a, b, bias, out):
+    activation, slope = ctx.activation, ctx.slope
+    if activation == "none":
+        return grad
+    if not _needs_preactivation(activation, slope):
+        negative_side = grad * slope if activation == "leaky_relu" else 0.0
+        return torch.where(out > 0, grad, negative_side)
+    # Recompute Z = A @ B + bias instead of having saved it (see the module docstring).
+    z = _matmul(a, b, bias, "none", 0.0)
+    if activation == "gelu":
+        return torch.ops.aten.gelu_backward(grad, z, approximate="tanh")
+    return torch.where(z > 0, grad, grad * slope)
+
+
+def _matmul_backward(ctx, grad):
+    a, b, bias, out = ctx.saved_tensors
+    grad_z = _preactivation_grad(ctx, grad, a, b, bias, out)
+    grad_a = grad_b = grad_bias = None
+    if ctx.needs_input_grad[0]:
+        grad_a = matmul(grad_z, b.transpose(-1, -2)).sum_to_size(a.shape)
+    if ctx.needs_input_grad[1]:
+        if b.dim() == 2 and a.dim() == 3:
+            # b was shared by every batch: one (K, B*M) @ (B*M, N) product sums over the batch
+            # inside the fp32 accumulator instead of materialising B partial gradients.
+            K, N = b.shape
+            grad_b = matmul(a.reshape(-1, K).t(), grad_z.reshape(-1, N))
+        else:
+            grad_b = matmul(a.transpose(-1, -2), grad_z).sum_to_size(b.shape)
+    if bias is not None and ctx.needs_input_grad[2]:
+        rows = tuple(range(grad_z.dim() - 1))
+        grad_bias = grad_z.sum(dim=rows, dtype=torch.float32).to(bias.dtype)
+    return grad_a, grad_b, grad_bias, None, None
+
+
+_matmul.register_autograd(_matmul_backward, setup_context=_matmul_setup_context)
+
+
+# --------------------------------------------------------------------------------------------
+# Public API.
+# --------------------------------------------------------------------------------------------
+def _check_activation(activation, leaky_relu_slope) -> str:
+    if activation is None or activation == "none":
+        op_activation = "none"
+    elif isinstance(activation, str) and activation in ACTIVATIONS:
+        op_activation = activation
+    else:
+        valid = ", ".join(["None"] + [repr(name) for name in ACTIVATIONS])
+        raise ValueError(f"activation must be one of {valid}; got {activation!r}")
+    if isinstance(leaky_relu_slope, bool) or not isinstance(leaky_relu_slope, (int, float)):
+        raise TypeError(
+            f"leaky_relu_slope must be a float, got {type(leaky_relu_slope).__name__}"
+        )
+    return op_activation
+
+
+def _check_matmul_args(a, b, bias, activation, leaky_relu_slope) -> str:
+    runtime.check_tensor(a, "a", dtypes=FLOAT_DTYPES, ndim=(2, 3))
+    runtime.check_tensor(b, "b", dtypes=FLOAT_DTYPES, ndim=(2, 3))
+    runtime.check_same_dtype(a=a, b=b)
+    if bias is not None:
+        runtime.check_tensor(bias, "bias", dtypes=_BIAS_DTYPES, ndim=1)
+    runtime.check_same_device(a=a, b=b, bias=bias)
+    if a.shape[-1] != b.shape[-2]:
+        raise ValueError(
+            f"a has K={a.shape[-1]} but b has K={b.shape[-2]}: inner dimensions must match "
+            f"(a is {tuple(a.shape)}, b is {tuple(b.shape)})"
+        )
+    if a.dim() == 3 and b.dim() == 3 and 1 not in (a.shape[0], b.shape[0]):
+        if a.shape[0] != b.shape[0]:
+            raise ValueError(
+                f"batch sizes differ: a has batch {a.shape[0]} but b has batch {b.shape[0]} "
+                "(they must be equal, or one of them 1)"
+            )
+    if bias is not None and bias.shape[0] != b.shape[-1]:
+        raise ValueError(
+            f"bias must have shape (N,) = ({b.shape[-1]},) to match b, got {tuple(bias.shape)}"
+        )
+    return _check_activation(activation, leaky_relu_slope)
+
+
+def matmul(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    activation: str | None = None,
+    leaky_relu_slope: float = 0.01,
+) -> torch.Tensor:
+    """``activation(a @ b + bias)`` in one Triton kernel.
+
+    ``a`` is (M, K) or (B, M, K), ``b`` is (K, N) or (B, K, N); a 2-D operand or a batch of 1 is
+    broadcast against the other's batch. Any strides (transposed, sliced views are read in place).
+    fp16, bf16 or fp32, both the same; the result has that dtype, accumulated in fp32 (fp32 inputs
+    follow ``torch.backends.cuda.matmul.allow_tf32``). ``bias`` is (N,), any float dtype.
+    ``activation`` is None, ``"relu"``, ``"leaky_relu"`` (negative slope ``leaky_relu_slope``) or
+    ``"gelu"`` (tanh approximation). Differentiable in ``a``, ``b`` and ``bias``.
+    """
+    op_activation = _check_matmul_args(a, b, bias, activation, leaky_relu_slope)
+    return _matmul(a, b, bias, op_activation, float(leaky_relu_slope))
+
+
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation: str | None = None,
+    *,
+    leaky_relu_slope: float = 0.01,
+) -> torch.Tensor:
+    """``activation(x @ weight.T + bias)``, like ``torch.nn.functional.linear`` plus an activation.
+
+    ``x`` is (..., in_features), ``weight`` (out_features, in_features). The leading dimensions of
+    ``x`` are flattened into M (one large product fills the GPU better than many small ones) and
+    ``weight.T`` is read in place, without a copy. A 3-D ``x`` whose leading dimensions cannot be
+    merged without a copy (``x.transpose(0, 1)``, say) runs as a batched product against the
+    shared weight instead, also without a copy.
+    """
+    runtime.check_tensor(x, "x", dtypes=FLOAT_DTYPES)
+    runtime.check_tensor(weight, "weight", dtypes=FLOAT_DTYPES, ndim=2)
+    if x.dim() == 0:
+        raise ValueError("x must have at least 1 dimension, got a scalar")
+    if x.shape[-1] != weight.shape[1]:
+        raise ValueError(
+            f"x has in_features={x.shape[-1]} but weight has in_features={weight.shape[1]} "
+            f"(weight is (out_features, in_features) = {tuple(weight.shape)})"
+        )
+    runtime.check_same_dtype(x=x, weight=weight)
+    if x.dim() == 1:
+        rows = x[None]
+    elif x.dim() == 3 and x.shape[0] > 1 and x.shape[1] > 1 and x.stride(0) != x.stride(1) * x.shape[1]:
+        rows = x  # flattening would copy
+    else:
+        rows = x.flatten(0, -2)
+    out = matmul(
+        rows, weight.t(), bias=bias, activation=activation, leaky_relu_slope=leaky_relu_slope
+    )
+    return out.reshape(*x.shape[:-1], weight.shape[0])

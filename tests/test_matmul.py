@@ -1,0 +1,455 @@
+"""matmul / linear against float64 references: values, epilogues, gradients, errors, compile.
+
+Every test draws fresh seeded random data (never zeros: a kernel that writes nothing, or reads the
+wrong tile, must fail). References are computed in float64 from the *same rounded* inputs, so the
+only error allowed is the kernel's own: fp32 accumulation plus one rounding of the output.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import triton_workshop
+from triton_workshop import runtime
+from triton_workshop.ops import matmul as matmul_module
+from triton_workshop.ops.matmul import CONFIGS, linear, matmul, prune_configs, tf32_enabled
+
+DEVICE = runtime.DEVICE
+GPU_ONLY = pytest.mark.skipif(
+    not torch.cuda.is_available() or triton_workshop.INTERPRET,
+    reason="needs a CUDA GPU with compiled kernels (not the interpreter)",
+)
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# Relative error bounds (Frobenius norm of the error over that of the reference, and max error
+# over max |reference|): fp32 with TF32 off is exact fp32 accumulation; fp16/bf16 are dominated
+# by the final rounding of the output (2**-11 and 2**-8 relative).
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+@pytest.fixture(autouse=True)
+def ieee_fp32():
+    """fp32 tests compare with exact fp32: TF32 off (tests of TF32 turn it on), then restored.
+    Set through the legacy flag, which keeps the new ``fp32_precision`` API in sync (monkeypatch
+    cannot undo it: it is not a plain attribute)."""
+    before = tf32_enabled()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def rand(*shape, dtype=torch.float32, seed=0, device=DEVICE):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g, dtype=torch.float32).to(device=device, dtype=dtype)
+
+
+def ref_epilogue(z, activation, slope=0.01):
+    if activation == "relu":
+        return torch.relu(z)
+    if activation == "leaky_relu":
+        return F.leaky_relu(z, slope)
+    if activation == "gelu":
+        return F.gelu(z, approximate="tanh")
+    return z
+
+
+def reference(a, b, bias=None, activation=None, slope=0.01):
+    z = torch.matmul(a.double(), b.double())
+    if bias is not None:
+        z = z + bias.double()
+    return ref_epilogue(z, activation, slope)
+
+
+def assert_close(out, ref, dtype):
+    assert out.shape == ref.shape
+    assert out.dtype == dtype
+    assert torch.isfinite(out).all()
+    err = out.double() - ref
+    tol = TOL[dtype]
+    scale = ref.abs().max().clamp_min(1e-30)
+    assert (err.norm() / ref.norm().clamp_min(1e-30)).item() <= tol
+    assert (err.abs().max() / scale).item() <= 4 * tol
+
+
+# ---------------------------------------------------------------------------------------------
+# Values.
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(
+    "M, K, N",
+    [(1, 1, 1), (17, 65, 33), (130, 200, 70), (64, 128, 128), (5, 300, 3)],
+)
+def test_matches_float64(M, K, N, dtype):
+    a, b = rand(M, K, dtype=dtype, seed=1), rand(K, N, dtype=dtype, seed=2)
+    assert_close(matmul(a, b), reference(a, b), dtype)
+
+
+def test_many_tiles_grouped_ordering():
+    # 9 x 3 tiles with GROUP_M = 8: one full group and a ragged last one of a single tile-row.
+    # A tile computed twice or never would show up as a wrong or unwritten block.
+    a, b = rand(1100, 20, seed=3), rand(20, 300, seed=4)
+    assert_close(matmul(a, b), reference(a, b), torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_transposed_and_strided_operands(dtype):
+    a_t = rand(70, 40, dtype=dtype, seed=5)  # a = a_t.t(): column-major (40, 70)
+    w = rand(33, 70, dtype=dtype, seed=6)  # b = w.t(): an nn.Linear weight read in place
+    b_wide = rand(70, 66, dtype=dtype, seed=7)  # b = b_wide[:, ::2]: column stride 2
+    for a in (a_t.t(), rand(40, 140, dtype=dtype, seed=8)[:, ::2]):
+        for b in (w.t(), b_wide[:, ::2]):
+            assert not a.is_contiguous() and not b.is_contiguous()
+            assert_close(matmul(a, b), reference(a, b), dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_batched(dtype):
+    a = rand(3, 17, 40, dtype=dtype, seed=9)
+    b = rand(3, 40, 20, dtype=dtype, seed=10)
+    assert_close(matmul(a, b), reference(a, b), dtype)
+    # Batched and transposed inside each batch.
+    bt = rand(3, 20, 40, dtype=dtype, seed=11).transpose(1, 2)
+    assert_close(matmul(a, bt), reference(a, bt), dtype)
+
+
+@pytest.mark.parametrize(
+    "a_shape, b_shape",
+    [((2, 9, 30), (30, 11)), ((9, 30), (2, 30, 11)), ((1, 9, 30), (3, 30, 11)), ((3, 9, 30), (1, 30, 11))],
+)
+def test_batch_broadcast(a_shape, b_shape):
+    a, b = rand(*a_shape, seed=12), rand(*b_shape, seed=13)
+    out = matmul(a, b)
+    assert out.shape == torch.matmul(a, b).shape
+    assert_close(out, reference(a, b), torch.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# Epilogue.
+# ---------------------------------------------------------------------------------------------
+EPILOGUES = [
+    dict(bias=False, activation=None),
+    dict(bias=True, activation=None),
+    dict(bias=False, activation="relu"),
+    dict(bias=True, activation="relu"),
+    dict(bias=True, activation="leaky_relu", slope=0.2),
+    dict(bias=False, activation="leaky_relu", slope=-0.5),
+    dict(bias=True, activation="gelu"),
+    dict(bias=False, activation="gelu"),
+]
+
+
+def _epilogue_id(e):
+    return f"{'bias+' if e['bias'] else ''}{e['activation']}{e.get('slope', '')}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("epilogue", EPILOGUES, ids=_epilogue_id)
+def test_epilogue(epilogue, dtype):
+    M, K, N = 33, 70, 47
+    a, b = rand(M, K, dtype=dtype, seed=14), rand(K, N, dtype=dtype, seed=15)
+    bias = rand(N, dtype=dtype, seed=16) if epilogue["bias"] else None
+    slope = epilogue.get("slope", 0.01)
+    out = matmul(a, b, bias=bias, activation=epilogue["activation"], leaky_relu_slope=slope)
+    assert_close(out, reference(a, b, bias, epilogue["activation"], slope), dtype)
+
+
+def test_bias_of_another_dtype_is_added_in_fp32():
+    a, b = rand(20, 30, dtype=torch.float16, seed=17), rand(30, 10, dtype=torch.float16, seed=18)
+    bias = rand(10, seed=19, dtype=torch.float64)
+    out = matmul(a, b, bias=bias)
+    assert out.dtype == torch.float16
+    assert_close(out, reference(a, b, bias), torch.float16)
+
+
+def test_strided_bias():
+    a, b = rand(20, 30, seed=20), rand(30, 10, seed=21)
+    bias = rand(20, seed=22)[::2]
+    assert_close(matmul(a, b, bias=bias), reference(a, b, bias), torch.float32)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # x**3, on purpose
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_gelu_is_finite_at_extremes(dtype):
+    # tanh through exp(+2x) would give inf/inf = nan for large |x|; x**3 overflows fp32 past ~7e12.
+    x = torch.tensor([-1e20, -1e4, -30.0, -1e-3, 0.0, 1e-3, 30.0, 1e4, 1e20])
+    a = x[:, None].to(device=DEVICE, dtype=dtype)
+    b = torch.ones(1, 1, device=DEVICE, dtype=dtype)
+    out = matmul(a, b, activation="gelu")
+    assert torch.isfinite(out).all()
+    expect = F.gelu(a.double(), approximate="tanh")
+    torch.testing.assert_close(out.double(), expect, rtol=TOL[dtype], atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# Gradients.
+# ---------------------------------------------------------------------------------------------
+def _grads(fn, inputs, grad_out):
+    leaves = [t.detach().clone().requires_grad_(True) for t in inputs]
+    out = fn(*leaves)
+    out.backward(grad_out)
+    return out, [t.grad for t in leaves]
+
+
+ACTIVATION_GRADS = [(None, 0.01), ("relu", 0.01), ("leaky_relu", 0.1), ("leaky_relu", -0.3), ("gelu", 0.01)]
+
+
+@pytest.mark.parametrize("activation, slope", ACTIVATION_GRADS, ids=lambda v: str(v))
+@pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "no_bias"])
+def test_gradients(activation, slope, with_bias):
+    M, K, N = 19, 37, 23
+    inputs = [rand(M, K, seed=23), rand(K, N, seed=24)] + ([rand(N, seed=25)] if with_bias else [])
+    grad_out = rand(M, N, seed=26)
+
+    def ours(a, b, bias=None):
+        return matmul(a, b, bias=bias, activation=activation, leaky_relu_slope=slope)
+
+    def theirs(a, b, bias=None):
+        return reference(a, b, bias, activation, slope)
+
+    _, got = _grads(ours, inputs, grad_out)
+    _, want = _grads(theirs, [t.double() for t in inputs], grad_out.double())
+    for g, w in zip(got, want):
+        assert g.dtype == torch.float32
+        assert_close(g, w, torch.float32)
+
+
+def test_gradients_batched_broadcast_weight_and_fp16():
+    # The nn.Linear case: a 3-D input against one shared weight, read transposed.
+    a = rand(2, 9, 30, dtype=torch.float16, seed=27)
+    w = rand(11, 30, dtype=torch.float16, seed=28)
+    bias = rand(11, dtype=torch.float16, seed=29)
+    grad_out = rand(2, 9, 11, dtype=torch.float16, seed=30)
+    _, got = _grads(lambda a, w, bias: matmul(a, w.t(), bias=bias, activation="gelu"), [a, w, bias], grad_out)
+    _, want = _grads(
+        lambda a, w, bias: reference(a, w.t(), bias, "gelu"),
+        [a.double(), w.double(), bias.double()],
+        grad_out.double(),
+    )
+    for g, ref, t in zip(got, want, (a, w, bias)):
+        assert g.shape == t.shape and g.dtype == torch.float16
+        # Rounded to fp16 twice (dZ, then dA / dW), hence a little looser than a forward product.
+        assert ((g.double() - ref).norm() / ref.norm()).item() < 5e-3
+
+
+def test_gradients_broadcast_a():
+    a, b = rand(9, 30, seed=31), rand(2, 30, 11, seed=32)
+    grad_out = rand(2, 9, 11, seed=33)
+    _, got = _grads(lambda a, b: matmul(a, b, activation="relu"), [a, b], grad_out)
+    _, want = _grads(lambda a, b: reference(a, b, None, "relu"), [a.double(), b.double()], grad_out.double())
+    for g, w in zip(got, want):
+        assert_close(g, w, torch.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# Empty shapes: right shape and values, and no matmul kernel launched.
+# ---------------------------------------------------------------------------------------------
+@pytest.fixture
+def no_kernel(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("the matmul kernel was launched for an empty product")
+
+    monkeypatch.setattr(matmul_module, "wrap_triton", refuse)
+
+
+@pytest.mark.parametrize(
+    "a_shape, b_shape",
+    [((0, 5), (5, 3)), ((4, 5), (5, 0)), ((4, 0), (0, 3)), ((0, 4, 5), (0, 5, 3)), ((2, 4, 0), (0, 3))],
+)
+@pytest.mark.parametrize("activation", [None, "gelu"])
+def test_empty(a_shape, b_shape, activation, no_kernel):
+    a, b = rand(*a_shape, seed=34), rand(*b_shape, seed=35)
+    bias = rand(b_shape[-1], seed=36)
+    out = matmul(a, b, bias=bias, activation=activation)
+    # K = 0 gives act(0 + bias), as torch does.
+    torch.testing.assert_close(out.double(), reference(a, b, bias, activation))
+
+
+def test_empty_k_gradients(no_kernel):
+    a, b, bias = rand(4, 0, seed=37), rand(0, 3, seed=38), rand(3, seed=39)
+    _, (ga, gb, gbias) = _grads(lambda a, b, bias: matmul(a, b, bias=bias, activation="relu"), [a, b, bias], rand(4, 3, seed=40))
+    _, want = _grads(lambda a, b, bias: reference(a, b, bias, "relu"), [a.double(), b.double(), bias.double()], rand(4, 3, seed=40).double())
+    assert ga.shape == (4, 0) and gb.shape == (0, 3)
+    torch.testing.assert_close(gbias.double(), want[2])
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad inputs: the error names the argument, before anything launches.
+# ---------------------------------------------------------------------------------------------
+def test_bad_inputs():
+    a, b = rand(4, 5, seed=41), rand(5, 3, seed=42)
+    with pytest.raises(TypeError, match="^a must be a torch.Tensor"):
+        matmul([[1.0]], b)
+    with pytest.raises(TypeError, match="^b must be a torch.Tensor"):
+        matmul(a, 3.0)
+    with pytest.raises(TypeError, match="^b must have dtype"):
+        matmul(a, b.to(torch.int32))
+    with pytest.raises(TypeError, match="^b has dtype torch.float16 but a has"):
+        matmul(a, b.half())
+    with pytest.raises(ValueError, match="^a must have 2 or 3 dimensions"):
+        matmul(a[0], b)
+    with pytest.raises(ValueError, match="^b must have 2 or 3 dimensions"):
+        matmul(a, b[None, None])
+    with pytest.raises(ValueError, match="^a has K=5 but b has K=4"):
+        matmul(a, b[:4])
+    with pytest.raises(ValueError, match="^batch sizes differ: a has batch 2 but b has batch 3"):
+        matmul(rand(2, 4, 5), rand(3, 5, 3))
+    with pytest.raises(ValueError, match=r"^bias must have shape \(N,\) = \(3,\)"):
+        matmul(a, b, bias=rand(4))
+    with pytest.raises(ValueError, match="^bias must have 1 dimensions"):
+        matmul(a, b, bias=rand(1, 3))
+    with pytest.raises(TypeError, match="^bias must have dtype"):
+        matmul(a, b, bias=torch.ones(3, dtype=torch.int64, device=DEVICE))
+    with pytest.raises(ValueError, match="^activation must be one of None, 'relu', 'leaky_relu', 'gelu'"):
+        matmul(a, b, activation="tanh")
+    with pytest.raises(ValueError, match="^activation must be one of"):
+        matmul(a, b, activation=torch.relu)
+    with pytest.raises(TypeError, match="^leaky_relu_slope must be a float"):
+        matmul(a, b, activation="leaky_relu", leaky_relu_slope="0.1")
+
+
+def test_bad_linear_inputs():
+    x, w = rand(2, 3, 5, seed=43), rand(4, 5, seed=44)
+    with pytest.raises(ValueError, match="^x has in_features=5 but weight has in_features=6"):
+        linear(x, rand(4, 6))
+    with pytest.raises(ValueError, match="^weight must have 2 dimensions"):
+        linear(x, w[None])
+    with pytest.raises(TypeError, match="^weight has dtype torch.float16 but x has"):
+        linear(x, w.half())
+    with pytest.raises(ValueError, match="^bias must have shape"):
+        linear(x, w, rand(5))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device next to the CPU")
+def test_devices_must_match():
+    a, b = rand(4, 5, device="cuda"), rand(5, 3, device="cuda")
+    bias = rand(3, device="cpu")
+    # Compiled kernels refuse CPU memory outright; the interpreter reads both, so says they differ.
+    with pytest.raises(ValueError, match="^bias (is on cpu but a is on cuda|must be on a CUDA device)"):
+        matmul(a, b, bias=bias)
+
+
+# ---------------------------------------------------------------------------------------------
+# linear.
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("x_shape", [(7,), (6, 7), (2, 3, 7)])
+def test_linear(x_shape):
+    x, w, bias = rand(*x_shape, seed=45), rand(5, 7, seed=46), rand(5, seed=47)
+    out = linear(x, w, bias, activation="relu")
+    expect = torch.relu(F.linear(x.double(), w.double(), bias.double()))
+    assert out.shape == expect.shape
+    assert_close(out, expect, torch.float32)
+    assert_close(linear(x, w), F.linear(x.double(), w.double()), torch.float32)
+
+
+def test_linear_unmergeable_and_empty_inputs():
+    x = rand(3, 4, 7, seed=58).transpose(0, 1)  # (4, 3, 7): leading dims cannot be merged
+    w, bias = rand(5, 7, seed=59), rand(5, seed=60)
+    expect = F.gelu(F.linear(x.double(), w.double(), bias.double()), approximate="tanh")
+    assert_close(linear(x, w, bias, "gelu"), expect, torch.float32)
+    assert linear(rand(0, 7), w, bias).shape == (0, 5)
+    out = linear(rand(2, 3, 0), rand(5, 0), bias)  # in_features = 0: just the bias
+    torch.testing.assert_close(out, bias.expand(2, 3, 5))
+
+
+# ---------------------------------------------------------------------------------------------
+# Tuning configs.
+# ---------------------------------------------------------------------------------------------
+def test_prune_configs_keeps_what_fits():
+    def pruned(dtype, m, n, k):
+        args = dict(a_ptr=torch.empty(0, dtype=dtype), M_BUCKET=m, N_BUCKET=n, K_BUCKET=k)
+        return prune_configs(CONFIGS, args)
+
+    big16, big32 = pruned(torch.float16, 4096, 4096, 4096), pruned(torch.float32, 4096, 4096, 4096)
+    assert CONFIGS[0] in big16 and CONFIGS[0] in big32
+    assert len(big32) < len(big16)  # fp32 128x256x64 x 3 stages does not fit in shared memory
+    assert all(c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] >= 128 * 64 for c in big16)
+    small = pruned(torch.float16, 1, 1, 1)
+    assert small and all(c.kwargs["BLOCK_M"] <= 64 and c.kwargs["BLOCK_N"] <= 64 for c in small)
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.compile.
+# ---------------------------------------------------------------------------------------------
+def test_torch_compile_fullgraph():
+    torch._dynamo.reset()
+
+    def fn(a, b, bias):
+        return matmul(a, b, bias=bias, activation="gelu").sum()
+
+    compiled = torch.compile(fn, fullgraph=True)
+    a, b, bias = rand(20, 30, seed=48), rand(30, 10, seed=49), rand(10, seed=50)
+    leaves = [t.clone().requires_grad_(True) for t in (a, b, bias)]
+    loss = compiled(*leaves)
+    loss.backward()
+    _, want = _grads(lambda a, b, bias: reference(a, b, bias, "gelu").sum(), [a.double(), b.double(), bias.double()], None)
+    torch.testing.assert_close(loss.double(), reference(a, b, bias, "gelu").sum(), rtol=1e-5, atol=1e-4)
+    for t, w in zip(leaves, want):
+        assert_close(t.grad, w, torch.float32)
+
+
+@pytest.mark.skipif(
+    not hasattr(torch.backends, "fp32_precision"), reason="torch < 2.9 has no fp32_precision API"
+)
+def test_tf32_setting_read_through_new_api():
+    # Setting the new API alone makes the legacy allow_tf32 raise on read; ours must still follow.
+    saved = torch.backends.fp32_precision, torch.backends.cuda.matmul.fp32_precision
+    try:
+        torch.backends.cuda.matmul.fp32_precision = "tf32"
+        assert tf32_enabled()
+        assert matmul_module._input_precision(torch.float32) == "tf32"
+        assert matmul_module._input_precision(torch.float16) == "ieee"
+        # "none" inherits from the parent setting.
+        torch.backends.cuda.matmul.fp32_precision = "none"
+        torch.backends.fp32_precision = "tf32"
+        assert tf32_enabled()
+        torch.backends.cuda.matmul.fp32_precision = "ieee"
+        assert not tf32_enabled()
+        assert matmul_module._input_precision(torch.float32) == "ieee"
+    finally:
+        torch.backends.fp32_precision, torch.backends.cuda.matmul.fp32_precision = saved
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU only.
+# ---------------------------------------------------------------------------------------------
+@GPU_ONLY
+def test_tf32_follows_torch():
+    a, b = rand(512, 1024, seed=51), rand(1024, 256, seed=52)
+    exact = reference(a, b)
+    torch.backends.cuda.matmul.allow_tf32 = True  # the ieee_fp32 fixture restores it
+    assert tf32_enabled()
+    ours_tf32 = matmul(a, b)
+    torch_tf32 = torch.matmul(a, b)
+    err_ours = ((ours_tf32.double() - exact).norm() / exact.norm()).item()
+    err_torch = ((torch_tf32.double() - exact).norm() / exact.norm()).item()
+    # TF32 keeps 10 mantissa bits: both well above IEEE's 1e-7 and of the same size.
+    assert 1e-5 < err_ours < 3 * err_torch + 1e-6
+    torch.backends.cuda.matmul.allow_tf32 = False
+    assert_close(matmul(a, b), exact, torch.float32)
+
+
+@GPU_ONLY
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_gpu_large_autotuned(dtype):
+    a, b = rand(1000, 2048, dtype=dtype, seed=53), rand(2048, 3000, dtype=dtype, seed=54)
+    bias = rand(3000, dtype=dtype, seed=55)
+    assert_close(matmul(a, b, bias=bias, activation="gelu"), reference(a, b, bias, "gelu"), dtype)
+
+
+@GPU_ONLY
+def test_more_than_2_31_elements():
+    # a has 2**31 + 64 * 17 elements: offsets past 2**31 must not wrap around. Only the last rows
+    # are checked against torch (the whole float64 reference would need 17 GB).
+    free, _ = torch.cuda.mem_get_info()
+    if free < 8 * 2**30:
+        pytest.skip("needs 8 GiB of free GPU memory")
+    M, K, N = 2**31 // 64 + 17, 64, 16
+    a = torch.empty(M, K, dtype=torch.float16, device="cuda")
+    a[-4096:] = rand(4096, K, dtype=torch.float16, seed=56)
+    a[:-4096] = 1.0
+    b = rand(K, N, dtype=torch.float16, seed=57)
+    out = matmul(a, b)
+    assert_close(out[-4096:], reference(a[-4096:], b), torch.float16)
+    torch.testing.assert_close(out[0].float(), b.float().sum(0), rtol=2e-3, atol=2e-2)
