@@ -183,7 +183,7 @@ def test_log_sum_exp_is_saved():
     out, lse = attention_forward(q, k, v, True, scale)
     assert lse.shape == (2, 2, 40) and lse.dtype == torch.float32
     s = (q.double() @ k.double().repeat_interleave(2, dim=1).transpose(-1, -2)) * scale
-    mask = torch.ones(40, 30, dtype=torch.bool).tril()
+    mask = torch.ones(40, 30, dtype=torch.bool, device=s.device).tril()
     want = s.masked_fill(~mask, float("-inf")).logsumexp(-1)
     torch.testing.assert_close(lse.double(), want, atol=1e-5, rtol=1e-5)
 
