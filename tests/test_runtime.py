@@ -114,7 +114,7 @@ def test_check_tensor_not_a_tensor_names_argument():
 
 def test_check_tensor_dtype_names_argument():
     with pytest.raises(TypeError, match=r"^bias must have dtype in \(float32, float16\), got torch\.int64$"):
-        runtime.check_tensor(torch.ones(2, dtype=torch.int64), "bias",
+        runtime.check_tensor(torch.ones(2, dtype=torch.int64, device=runtime.DEVICE), "bias",
                              dtypes=(torch.float32, torch.float16))
 
 

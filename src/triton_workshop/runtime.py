@@ -259,31 +259,63 @@ def register_op(
 class RegisteredOp:
     """A registered op that skips the dispatcher when nothing needs it.
 
-    Going through ``torch.library`` costs tens of microseconds a call, more than a small kernel
-    runs. The dispatcher is needed only while ``torch.compile`` traces, when autograd must record
-    the op, or for tensor subclasses (fake tensors, functorch wrappers); a plain eager call on
-    plain tensors runs the launcher directly. Everything else (``register_autograd``, ``_opoverload``,
-    ...) is the underlying op's.
+    Going through ``torch.library`` costs tens of microseconds a call in eager mode, more than a
+    small kernel runs, and twice per training step (forward and backward). The dispatcher is
+    needed only while ``torch.compile`` traces and for tensor subclasses (fake tensors, functorch
+    wrappers). Plain eager calls run the launcher directly, and when autograd must record the call
+    they go through an equivalent ``torch.autograd.Function`` built from the same forward,
+    ``setup_context`` and backward as the op's ``register_autograd``. Everything else
+    (``_opoverload``, ...) is the underlying op's.
     """
 
     def __init__(self, op, launcher: Callable):
         self._op = op
         self._launcher = launcher
+        self._function = None
         self.__doc__ = launcher.__doc__
 
     def __getattr__(self, name):
         return getattr(self._op, name)
 
+    def register_autograd(self, backward: Callable, *, setup_context: Callable | None = None):
+        self._op.register_autograd(backward, setup_context=setup_context)
+        launcher = self._launcher
+
+        class EagerAutograd(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, *args):
+                output = launcher(*args)
+                if setup_context is not None:
+                    setup_context(ctx, args, output)
+                return output
+
+            @staticmethod
+            def backward(ctx, *grads):
+                return backward(ctx, *grads)
+
+        EagerAutograd.__name__ = f"{self._op._name}_autograd"
+        self._function = EagerAutograd
+
     def __call__(self, *args):
-        if torch.compiler.is_compiling() or not _plain_eager(args):
+        if torch.compiler.is_compiling():
             return self._op(*args)
-        return self._launcher(*args)
+        kind = _eager_kind(args)
+        if kind == "plain":
+            return self._launcher(*args)
+        if kind == "grad" and self._function is not None:
+            return self._function.apply(*args)
+        return self._op(*args)
 
 
-def _plain_eager(args) -> bool:
+def _eager_kind(args) -> str:
+    """"plain" (plain tensors, no autograd), "grad" (plain tensors, autograd records), or
+    "other" (a tensor subclass: only the dispatcher knows what to do)."""
     grad = torch.is_grad_enabled()
+    kind = "plain"
     for a in args:
         if isinstance(a, torch.Tensor):
-            if type(a) is not torch.Tensor or (grad and a.requires_grad):
-                return False
-    return True
+            if type(a) is not torch.Tensor:
+                return "other"
+            if grad and a.requires_grad:
+                kind = "grad"
+    return kind
