@@ -125,6 +125,18 @@ def test_matches_torch_fp32(name, shape, kwargs, bias):
     assert out.is_contiguous()
 
 
+@pytest.mark.parametrize("via_channels_last", [True, False], ids=["via-nhwc", "in-place"])
+@pytest.mark.parametrize("name, shape, kwargs", [c for c in CASES if c[0] in (
+    "3x3-pad1", "groups2-stride2", "channel-tiled-32")], ids=lambda c: c if isinstance(c, str) else None)
+def test_nchw_both_paths(name, shape, kwargs, via_channels_last, monkeypatch):
+    """NCHW inputs: read in place, or converted to channels-last first (the GPU's choice)."""
+    monkeypatch.setattr(conv_module, "NCHW_VIA_CHANNELS_LAST", via_channels_last)
+    x, w, b = make(*shape, groups=groups_of(kwargs), bias=True, seed=seed_of(name, via_channels_last))
+    out = conv2d(x, w, b, **kwargs)
+    check(out, reference(x, w, b, **kwargs), torch.float32)
+    assert out.is_contiguous()
+
+
 HALF_CASES = [c for c in CASES if c[0] in ("3x3-pad1", "5x3-pad(1,2)", "same-4x2-even", "groups2",
                                            "depthwise", "rgb-stem-7x7", "channel-tiled-32")]
 

@@ -550,7 +550,7 @@ def summary_table(rows: Sequence[Row]):
     return table
 
 
-def render_text(renderable, width: int = 140) -> str:
+def render_text(renderable, width: int = 200) -> str:
     """A rich renderable as plain text (for meta.json and logs)."""
     from rich.console import Console
 
@@ -714,7 +714,7 @@ def _console():
     from rich.console import Console
 
     # Piped into a log, rich would assume 80 columns and fold the tables.
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 150)
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
 
 
 def main(argv: list[str] | None = None) -> int:

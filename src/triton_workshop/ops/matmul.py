@@ -278,10 +278,23 @@ def tf32_enabled() -> bool:
     return bool(backend.allow_tf32)
 
 
+def _k_major(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Operands laid out with K contiguous, as Hopper's TF32 tensor-core instruction reads them.
+
+    With a row-major (K, N) B, Triton re-lays every tile out and TF32 ran at ~85 TFLOP/s on an
+    H100 (cuBLAS: ~370); with B = w.t() (K-major) it reached ~330. A copy of B (one read and one
+    write, a few percent of a large product's time) is far cheaper than that difference. Only
+    on the GPU: the interpreter has no such instruction."""
+    if runtime.INTERPRET:
+        return a, b
+    if a.stride(-1) != 1:
+        a = a.contiguous()
+    if b.stride(-2) != 1:
+        b = b.transpose(-1, -2).contiguous().transpose(-1, -2)
+    return a, b
+
+
 def _input_precision(dtype: torch.dtype) -> str:
-    # Hopper's TF32 wgmma reads only K-major operands: with a row-major (K, N) B, Triton re-lays
-    # the tile out and TF32 runs at ~85 TFLOP/s on an H100 (cuBLAS: ~370); with B = w.t() it
-    # reaches ~330. We keep reading B in place rather than copy it.
     if dtype == torch.float32 and tf32_enabled():
         return "tf32"
     # fp32 with TF32 off; fp16 and bf16 dots are exact products either way.
@@ -331,6 +344,9 @@ def _matmul(
 
     out = a.new_empty(shape)
     bias_arg = bias if bias is not None else out  # never read when HAS_BIAS is False
+    precision = _input_precision(a.dtype)
+    if precision == "tf32":
+        a, b = _k_major(a, b)
 
     def grid(meta):
         return (batch * triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
@@ -347,7 +363,7 @@ def _matmul(
             _bucket(M), _bucket(N), _bucket(K),
             HAS_BIAS=bias is not None,
             ACTIVATION=activation,
-            INPUT_PRECISION=_input_precision(a.dtype),
+            INPUT_PRECISION=precision,
             DOT_IN_FP32=runtime.INTERPRET and a.dtype == torch.bfloat16,
         )  # fmt: skip
     return out
