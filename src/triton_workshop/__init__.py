@@ -13,6 +13,8 @@ from .ops.conv import conv2d
 from .ops.elementwise import add, fused_mul_add_sqrt
 from .ops.image import FILTERS, filter2d, get_filter, greyscale, sepia
 from .ops.layer_norm import layer_norm
+from .ops.layer_norm_linear import layer_norm_linear
+from .ops.matmul import linear, matmul
 from .ops.softmax import softmax
 from . import nn
 
@@ -29,6 +31,9 @@ __all__ = [
     "get_filter",
     "greyscale",
     "layer_norm",
+    "layer_norm_linear",
+    "linear",
+    "matmul",
     "nn",
     "sepia",
     "softmax",

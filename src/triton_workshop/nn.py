@@ -1,18 +1,28 @@
 """Drop-in ``torch.nn`` modules over the Triton ops.
 
 Each module keeps PyTorch's constructor signature and parameter names, so swapping the import is
-the whole migration (a ``torch.nn.LayerNorm`` state_dict loads as is). The modules hold parameters
-and call the functional op; the kernels live in :mod:`triton_workshop.ops`.
+the whole migration (a ``torch.nn.LayerNorm`` or ``torch.nn.Linear`` state_dict loads as is). The
+modules hold parameters and call the functional op; the kernels live in :mod:`triton_workshop.ops`.
+
+* :class:`LayerNorm`, :class:`Softmax`, :class:`Linear`: drop-ins for their ``torch.nn`` namesakes
+  (``Linear`` adds an optional fused activation).
+* :class:`LayerNormLinear`: ``LayerNorm`` then ``Linear`` in one op that never writes the
+  normalised activations (:mod:`triton_workshop.ops.layer_norm_linear`).
+* :class:`MultiheadSelfAttention`: fused QKV projection, fused attention, output projection.
 """
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import torch
 from torch import nn
 
+from .ops.attention import attention
 from .ops.layer_norm import layer_norm
+from .ops.layer_norm_linear import layer_norm_linear
+from .ops.matmul import _check_activation, linear
 from .ops.softmax import softmax
 
 
@@ -78,3 +88,258 @@ class Softmax(nn.Module):
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}"
+
+
+def _reset_linear_parameters(weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    """``torch.nn.Linear.reset_parameters``, step for step (the same random draws in the same
+    order, so a seeded model initialises identically with either module)."""
+    nn.init.kaiming_uniform_(weight, a=math.sqrt(5))
+    if bias is not None:
+        fan_in, _ = nn.init._calculate_fan_in_and_fan_out(weight)
+        bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0
+        nn.init.uniform_(bias, -bound, bound)
+
+
+class Linear(nn.Module):
+    """``torch.nn.Linear`` computed by :func:`triton_workshop.ops.matmul.linear`, plus an optional
+    fused activation (``None``, ``"relu"``, ``"leaky_relu"`` with ``leaky_relu_slope``, or
+    ``"gelu"``, tanh approximation) applied in the matmul's epilogue.
+
+    Same parameters (``weight`` (out, in), ``bias`` (out,)), same initialisation, and a
+    ``torch.nn.Linear`` state_dict loads as is. ``input`` (..., in_features) must have the
+    weight's dtype (fp16, bf16 or fp32) and live where the kernels run.
+    """
+
+    __constants__ = ["in_features", "out_features", "activation", "leaky_relu_slope"]
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        device=None,
+        dtype=None,
+        activation: str | None = None,
+        leaky_relu_slope: float = 0.01,
+    ) -> None:
+        super().__init__()
+        factory_kwargs = {"device": device, "dtype": dtype}
+        _check_activation(activation, leaky_relu_slope)
+        self.in_features = in_features
+        self.out_features = out_features
+        self.activation = activation
+        self.leaky_relu_slope = float(leaky_relu_slope)
+        self.weight = nn.Parameter(torch.empty((out_features, in_features), **factory_kwargs))
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out_features, **factory_kwargs))
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        _reset_linear_parameters(self.weight, self.bias)
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return linear(
+            input, self.weight, self.bias, self.activation, leaky_relu_slope=self.leaky_relu_slope
+        )
+
+    def extra_repr(self) -> str:
+        text = (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"bias={self.bias is not None}"
+        )
+        if self.activation is not None:
+            text += f", activation={self.activation!r}"
+            if self.activation == "leaky_relu":
+                text += f", leaky_relu_slope={self.leaky_relu_slope}"
+        return text
+
+
+class LayerNormLinear(nn.Module):
+    """``nn.LayerNorm(in_features, eps)`` followed by ``nn.Linear(in_features, out_features,
+    bias)``, computed by :func:`triton_workshop.ops.layer_norm_linear.layer_norm_linear` without
+    writing the normalised activations to memory.
+
+    Parameters: ``ln_weight`` (ones) and ``ln_bias`` (zeros) of shape (in_features,), ``weight``
+    (out, in) and ``bias`` (out,) initialised like ``nn.Linear``. :meth:`from_modules` builds one
+    from an existing LayerNorm and Linear pair (a LayerNorm without affine parameters, or a Linear
+    without bias, gives ``None`` for those parameters).
+    """
+
+    __constants__ = ["in_features", "out_features", "eps"]
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        eps: float = 1e-5,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        factory_kwargs = {"device": device, "dtype": dtype}
+        self.in_features = in_features
+        self.out_features = out_features
+        self.eps = eps
+        self.ln_weight = nn.Parameter(torch.empty(in_features, **factory_kwargs))
+        self.ln_bias = nn.Parameter(torch.empty(in_features, **factory_kwargs))
+        self.weight = nn.Parameter(torch.empty((out_features, in_features), **factory_kwargs))
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out_features, **factory_kwargs))
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.ln_weight is not None:
+            nn.init.ones_(self.ln_weight)
+        if self.ln_bias is not None:
+            nn.init.zeros_(self.ln_bias)
+        _reset_linear_parameters(self.weight, self.bias)
+
+    @classmethod
+    def from_modules(cls, layer_norm: nn.Module, linear: nn.Module) -> "LayerNormLinear":
+        """A LayerNormLinear with copies of the parameters of ``layer_norm`` (a
+        ``torch.nn.LayerNorm`` or :class:`LayerNorm` over the last dimension) and ``linear`` (a
+        ``torch.nn.Linear`` or :class:`Linear` without activation), on ``linear``'s device and
+        dtype."""
+        shape = tuple(layer_norm.normalized_shape)
+        in_features, out_features = linear.in_features, linear.out_features
+        if shape != (in_features,):
+            raise ValueError(
+                f"layer_norm normalises over {shape} but linear has in_features={in_features}: "
+                "LayerNormLinear needs normalized_shape == (in_features,)"
+            )
+        if getattr(linear, "activation", None) is not None:
+            raise ValueError("linear has an activation; LayerNormLinear has none")
+        weight = linear.weight
+        module = cls(
+            in_features, out_features, bias=linear.bias is not None, eps=layer_norm.eps,
+            device=weight.device, dtype=weight.dtype,
+        )  # fmt: skip
+        with torch.no_grad():
+            for name, source in (("ln_weight", layer_norm.weight), ("ln_bias", layer_norm.bias)):
+                if source is None:
+                    module.register_parameter(name, None)
+                else:
+                    getattr(module, name).copy_(source)
+            module.weight.copy_(weight)
+            if linear.bias is not None:
+                module.bias.copy_(linear.bias)
+        return module
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return layer_norm_linear(
+            input, self.ln_weight, self.ln_bias, self.weight, self.bias, self.eps
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"bias={self.bias is not None}, eps={self.eps}"
+        )
+
+
+class MultiheadSelfAttention(nn.Module):
+    """Multi-head self-attention over (B, N, E) inputs, with :func:`triton_workshop.attention`.
+
+    ``qkv_proj`` is one fused :class:`Linear` from E to ``E + 2·E_kv`` (``E_kv = num_kv_heads ·
+    head_dim``; rows ``[q; k; v]``), so the three projections are one matmul. Its output is split
+    and reshaped into q (B, H, N, D), k and v (B, H_kv, N, D) as *views* (the attention kernel reads
+    strided inputs in place), attended with ``causal`` as SDPA's ``is_causal``, and projected back
+    by ``out_proj`` (E to E). ``num_kv_heads`` < ``num_heads`` is grouped-query attention (it must
+    divide ``num_heads``; 1 is multi-query attention).
+
+    **Against torch.nn.MultiheadAttention.** With ``num_kv_heads=None`` this computes
+    ``nn.MultiheadAttention(E, H, bias=bias, batch_first=True)(x, x, x, need_weights=False)[0]``
+    (and with ``causal=True``, the same with ``is_causal=True`` and a causal ``attn_mask``):
+    ``in_proj_weight``/``in_proj_bias`` are ``qkv_proj.weight``/``qkv_proj.bias`` (same
+    ``[q; k; v]`` row order) and ``out_proj`` has the same names. :meth:`from_torch` copies them.
+    Not supported: separate query/key/value inputs (self-attention only), ``batch_first=False``
+    (pass ``x.transpose(0, 1)``), ``attn_mask``/``key_padding_mask``, dropout, ``add_bias_kv``,
+    ``add_zero_attn``, returning attention weights. Fresh parameters are initialised like two
+    ``nn.Linear`` layers (``nn.MultiheadAttention`` uses Xavier weights and zero biases).
+
+    **Swapping SDPA in an existing model.** In a model that already builds q, k, v of shape
+    (B, H, N, D) itself, replace only the call::
+
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)           # before
+        out = triton_workshop.attention(q, k, v, causal=True)                    # after
+
+    (``scale=`` carries over; K/V with fewer heads work as with ``enable_gqa=True``; models that
+    pass ``attn_mask`` or ``dropout_p`` keep SDPA). Or swap the whole block for this module and
+    load its weights with :meth:`from_torch` or by renaming state_dict keys.
+    """
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        bias: bool = True,
+        causal: bool = False,
+        num_kv_heads: int | None = None,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if num_heads <= 0 or embed_dim % num_heads != 0:
+            raise ValueError(
+                f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads}) > 0"
+            )
+        if num_kv_heads <= 0 or num_heads % num_kv_heads != 0:
+            raise ValueError(
+                f"num_kv_heads ({num_kv_heads}) must be > 0 and divide num_heads ({num_heads})"
+            )
+        self.embed_dim = embed_dim
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = embed_dim // num_heads
+        self.causal = causal
+        kv_dim = num_kv_heads * self.head_dim
+        self.qkv_proj = Linear(embed_dim, embed_dim + 2 * kv_dim, bias, device, dtype)
+        self.out_proj = Linear(embed_dim, embed_dim, bias, device, dtype)
+
+    @classmethod
+    def from_torch(
+        cls, mha: nn.MultiheadAttention, causal: bool = False
+    ) -> "MultiheadSelfAttention":
+        """This module with the weights of a ``torch.nn.MultiheadAttention`` (packed in-projection,
+        no bias_k/bias_v). It computes ``mha(x, x, x, need_weights=False)[0]`` for batch-first
+        ``x``, whatever ``mha.batch_first`` was."""
+        if not mha._qkv_same_embed_dim or mha.bias_k is not None:
+            raise ValueError("from_torch needs a packed in_proj_weight and no add_bias_kv")
+        weight = mha.in_proj_weight
+        module = cls(
+            mha.embed_dim, mha.num_heads, bias=mha.in_proj_bias is not None, causal=causal,
+            device=weight.device, dtype=weight.dtype,
+        )  # fmt: skip
+        with torch.no_grad():
+            module.qkv_proj.weight.copy_(weight)
+            module.out_proj.weight.copy_(mha.out_proj.weight)
+            if mha.in_proj_bias is not None:
+                module.qkv_proj.bias.copy_(mha.in_proj_bias)
+                module.out_proj.bias.copy_(mha.out_proj.bias)
+        return module
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.embed_dim:
+            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"x must be (batch, seq, embed_dim={self.embed_dim}), got {shape}")
+        batch, seq, _ = x.shape
+        heads, kv_heads = self.num_heads, self.num_kv_heads
+        # (B, N, H + 2 H_kv, D): one projection, then views; nothing is copied before attention.
+        qkv = self.qkv_proj(x).view(batch, seq, heads + 2 * kv_heads, self.head_dim)
+        q = qkv[:, :, :heads].transpose(1, 2)
+        k = qkv[:, :, heads : heads + kv_heads].transpose(1, 2)
+        v = qkv[:, :, heads + kv_heads :].transpose(1, 2)
+        out = attention(q, k, v, causal=self.causal)  # (B, H, N, D)
+        return self.out_proj(out.transpose(1, 2).reshape(batch, seq, self.embed_dim))
+
+    def extra_repr(self) -> str:
+        return (
+            f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
+            f"num_kv_heads={self.num_kv_heads}, causal={self.causal}"
+        )

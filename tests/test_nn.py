@@ -1,0 +1,257 @@
+"""The nn modules against their torch counterparts: Linear, LayerNormLinear, MultiheadSelfAttention,
+and a few SGD steps of a small MLP built either way.
+
+fp32 runs with TF32 off, so both sides compute IEEE fp32 and differ only in summation order.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import triton_workshop  # noqa: F401  (decides interpreter-or-GPU before the kernels import)
+from triton_workshop import nn as tw
+from triton_workshop.ops.matmul import tf32_enabled
+from triton_workshop.runtime import DEVICE
+
+FP32 = dict(rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(autouse=True)
+def ieee_fp32():
+    before = tf32_enabled()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def rand(*shape, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g).to(DEVICE, dtype)
+
+
+def outputs_and_grads(module, x, seed=99):
+    """The module's output and the gradients of a fixed random projection of it, with respect
+    to the input and to every parameter (in ``named_parameters`` order)."""
+    x = x.clone().requires_grad_()
+    out = module(x)
+    dy = rand(*out.shape, seed=seed, dtype=out.dtype)
+    params = [p for _, p in module.named_parameters()]
+    grads = torch.autograd.grad(out, [x, *params], dy)
+    return out, grads
+
+
+# ---------------------------------------------------------------------------------------------
+# Linear.
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
+@pytest.mark.parametrize("x_shape", [(5, 20), (2, 7, 20), (20,)], ids=str)
+def test_linear_matches_torch_after_load_state_dict(bias, x_shape):
+    ref = nn.Linear(20, 13, bias=bias, device=DEVICE)
+    ours = tw.Linear(20, 13, bias=bias, device=DEVICE)
+    ours.load_state_dict(ref.state_dict())
+    assert [n for n, _ in ours.named_parameters()] == [n for n, _ in ref.named_parameters()]
+    x = rand(*x_shape, seed=1)
+    out, grads = outputs_and_grads(ours, x)
+    ref_out, ref_grads = outputs_and_grads(ref, x)
+    torch.testing.assert_close(out, ref_out, **FP32)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, **FP32)
+
+
+def test_linear_initialises_like_torch():
+    torch.manual_seed(3)
+    ref = nn.Linear(24, 10, device=DEVICE)
+    torch.manual_seed(3)
+    ours = tw.Linear(24, 10, device=DEVICE)
+    torch.testing.assert_close(ours.weight, ref.weight, rtol=0, atol=0)
+    torch.testing.assert_close(ours.bias, ref.bias, rtol=0, atol=0)
+    assert tw.Linear(4, 3, dtype=torch.float16, device=DEVICE).weight.dtype == torch.float16
+
+
+@pytest.mark.parametrize(
+    "activation, slope, reference",
+    [
+        ("relu", 0.01, torch.relu),
+        ("leaky_relu", 0.2, lambda z: F.leaky_relu(z, 0.2)),
+        ("gelu", 0.01, lambda z: F.gelu(z, approximate="tanh")),
+    ],
+    ids=["relu", "leaky_relu", "gelu"],
+)
+def test_linear_activation(activation, slope, reference):
+    ref = nn.Linear(16, 9, device=DEVICE)
+    ours = tw.Linear(16, 9, device=DEVICE, activation=activation, leaky_relu_slope=slope)
+    ours.load_state_dict(ref.state_dict())
+    x = rand(6, 16, seed=2)
+    out, grads = outputs_and_grads(ours, x)
+    ref_out, ref_grads = outputs_and_grads(_Then(ref, reference), x)
+    torch.testing.assert_close(out, ref_out, **FP32)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, **FP32)
+    assert activation in repr(ours)
+    with pytest.raises(ValueError, match="activation must be one of"):
+        tw.Linear(4, 3, activation="tanh")
+
+
+class _Then(nn.Module):
+    """``fn(module(x))``, with module's parameters as its own."""
+
+    def __init__(self, module, fn):
+        super().__init__()
+        self.module, self.fn = module, fn
+
+    def forward(self, x):
+        return self.fn(self.module(x))
+
+
+# ---------------------------------------------------------------------------------------------
+# LayerNormLinear.
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "ln_kwargs, bias",
+    [({}, True), ({"bias": False}, True), ({"elementwise_affine": False}, False)],
+    ids=["affine", "ln_no_bias", "no_affine_no_bias"],
+)
+def test_layer_norm_linear_equals_layer_norm_then_linear(ln_kwargs, bias):
+    ln = nn.LayerNorm(24, eps=1e-4, device=DEVICE, **ln_kwargs)
+    fc = nn.Linear(24, 11, bias=bias, device=DEVICE)
+    with torch.no_grad():  # non-trivial LayerNorm parameters
+        for p in ln.parameters():
+            p.add_(rand(*p.shape, seed=5) * 0.3)
+    ours = tw.LayerNormLinear.from_modules(ln, fc)
+    assert ours.eps == 1e-4
+    assert (ours.ln_weight is None) == (ln.weight is None)
+    assert (ours.ln_bias is None) == (ln.bias is None)
+    x = rand(3, 5, 24, seed=6) * 2 + 1
+    ref = nn.Sequential(ln, fc)
+    out, grads = outputs_and_grads(ours, x)
+    ref_out, ref_grads = outputs_and_grads(ref, x)
+    torch.testing.assert_close(out, ref_out, rtol=1e-4, atol=1e-4)
+    # Parameters are in the same order on both sides: LayerNorm's, then Linear's.
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4)
+
+
+def test_layer_norm_linear_module_defaults_and_errors():
+    torch.manual_seed(0)
+    module = tw.LayerNormLinear(8, 4, device=DEVICE)
+    assert [n for n, _ in module.named_parameters()] == ["ln_weight", "ln_bias", "weight", "bias"]
+    assert torch.equal(module.ln_weight, torch.ones(8, device=DEVICE))
+    torch.manual_seed(0)
+    fc = nn.Linear(8, 4, device=DEVICE)
+    torch.testing.assert_close(module.weight, fc.weight, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="normalized_shape == \\(in_features,\\)"):
+        tw.LayerNormLinear.from_modules(nn.LayerNorm(6), nn.Linear(8, 4))
+    with pytest.raises(ValueError, match="activation"):
+        tw.LayerNormLinear.from_modules(nn.LayerNorm(8), tw.Linear(8, 4, activation="relu"))
+
+
+# ---------------------------------------------------------------------------------------------
+# MultiheadSelfAttention.
+# ---------------------------------------------------------------------------------------------
+def mhsa_reference(module, x):
+    """The same computation written with torch ops and SDPA, reading the module's weights."""
+    batch, seq, embed = x.shape
+    heads, kv_heads, dim = module.num_heads, module.num_kv_heads, module.head_dim
+    qkv = F.linear(x, module.qkv_proj.weight, module.qkv_proj.bias)
+    q, k, v = qkv.split([embed, kv_heads * dim, kv_heads * dim], dim=-1)
+    q = q.reshape(batch, seq, heads, dim).transpose(1, 2)
+    k = k.reshape(batch, seq, kv_heads, dim).transpose(1, 2)
+    v = v.reshape(batch, seq, kv_heads, dim).transpose(1, 2)
+    out = F.scaled_dot_product_attention(
+        q, k, v, is_causal=module.causal, enable_gqa=kv_heads != heads
+    )
+    out = out.transpose(1, 2).reshape(batch, seq, embed)
+    return F.linear(out, module.out_proj.weight, module.out_proj.bias)
+
+
+class _Reference(nn.Module):
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, x):
+        return mhsa_reference(self.module, x)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("num_kv_heads", [None, 2, 1], ids=["mha", "gqa", "mqa"])
+def test_multihead_self_attention_matches_sdpa(causal, num_kv_heads):
+    torch.manual_seed(1)
+    module = tw.MultiheadSelfAttention(
+        32, 4, causal=causal, num_kv_heads=num_kv_heads, device=DEVICE
+    )
+    x = rand(2, 19, 32, seed=7)
+    out, grads = outputs_and_grads(module, x)
+    ref_out, ref_grads = outputs_and_grads(_Reference(module), x)
+    torch.testing.assert_close(out, ref_out, rtol=1e-4, atol=1e-4)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_from_torch_multihead_attention(causal):
+    torch.manual_seed(2)
+    mha = nn.MultiheadAttention(24, 3, batch_first=True, device=DEVICE)
+    with torch.no_grad():  # non-zero biases, so that a mix-up of them shows
+        mha.in_proj_bias.copy_(rand(72, seed=8) * 0.1)
+        mha.out_proj.bias.copy_(rand(24, seed=9) * 0.1)
+    module = tw.MultiheadSelfAttention.from_torch(mha, causal=causal)
+    x = rand(2, 10, 24, seed=10)
+    mask = nn.Transformer.generate_square_subsequent_mask(10, device=DEVICE) if causal else None
+    with torch.no_grad():
+        ref, _ = mha(x, x, x, need_weights=False, attn_mask=mask, is_causal=causal)
+        torch.testing.assert_close(module(x), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_multihead_self_attention_errors():
+    with pytest.raises(ValueError, match="divisible by num_heads"):
+        tw.MultiheadSelfAttention(30, 4)
+    with pytest.raises(ValueError, match="num_kv_heads \\(3\\) must be > 0 and divide num_heads"):
+        tw.MultiheadSelfAttention(32, 4, num_kv_heads=3)
+    with pytest.raises(ValueError, match="x must be \\(batch, seq, embed_dim=32\\)"):
+        tw.MultiheadSelfAttention(32, 4, device=DEVICE)(rand(5, 32))
+
+
+# ---------------------------------------------------------------------------------------------
+# Training.
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("fused", [False, True], ids=["modules", "layer_norm_linear"])
+def test_sgd_training_matches_torch(fused):
+    """Three SGD steps on a Linear -> ReLU -> LayerNorm -> Linear MLP: the same losses (which
+    fall) and the same parameters, whether built from torch modules or ours."""
+
+    def torch_mlp():
+        return nn.Sequential(
+            nn.Linear(12, 32), nn.ReLU(), nn.LayerNorm(32), nn.Linear(32, 5)
+        ).to(DEVICE)
+
+    torch.manual_seed(0)
+    ref = torch_mlp()
+    first = tw.Linear(12, 32, activation="relu", device=DEVICE)
+    first.load_state_dict(ref[0].state_dict())
+    if fused:
+        ours = nn.Sequential(first, tw.LayerNormLinear.from_modules(ref[2], ref[3]))
+    else:
+        ln, last = tw.LayerNorm(32, device=DEVICE), tw.Linear(32, 5, device=DEVICE)
+        ln.load_state_dict(ref[2].state_dict())
+        last.load_state_dict(ref[3].state_dict())
+        ours = nn.Sequential(first, ln, last)
+
+    x, target = rand(64, 12, seed=11), rand(64, 5, seed=12)
+    losses = {}
+    for name, model in (("torch", ref), ("ours", ours)):
+        optimiser = torch.optim.SGD(model.parameters(), lr=0.2)
+        losses[name] = []
+        for _ in range(3):
+            optimiser.zero_grad()
+            loss = F.mse_loss(model(x), target)
+            loss.backward()
+            optimiser.step()
+            losses[name].append(loss.item())
+    assert losses["ours"][2] < losses["ours"][0]
+    torch.testing.assert_close(losses["ours"], losses["torch"], rtol=1e-5, atol=1e-6)
+    for p, r in zip(ours.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, r, rtol=1e-5, atol=1e-5)
