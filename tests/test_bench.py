@@ -99,6 +99,7 @@ def test_registry_lists_the_expected_specs():
     assert names["layer_norm"] == ["layer_norm fwd", "layer_norm fwd+bwd"]
     assert names["matmul"] == [
         "matmul", "matmul", "matmul IEEE", "matmul TF32", "matmul+leaky_relu", "matmul+leaky_relu",
+        "layer_norm+linear", "layer_norm+linear",
     ]
     assert names["conv"] == ["conv2d 3x3 NCHW", "conv2d 3x3 channels_last"]
     assert names["attention"] == [

@@ -89,6 +89,48 @@ def _workload(name, dtype, sizes, headlines, *, activation=None, context=None, t
     )
 
 
+LN_LINEAR = (8192, 4096, 4096)  # M rows of K features -> N outputs
+
+
+def ln_linear_inputs(size, dtype, device):
+    m, n, k = size
+    return (
+        torch.randn(m, k, dtype=dtype, device=device),
+        1 + 0.1 * torch.randn(k, dtype=dtype, device=device),  # LayerNorm weight
+        0.1 * torch.randn(k, dtype=dtype, device=device),  # LayerNorm bias
+        torch.randn(n, k, dtype=dtype, device=device) / k**0.5,  # Linear weight, (N, K)
+        0.1 * torch.randn(n, dtype=dtype, device=device),  # Linear bias
+    )
+
+
+def ln_linear_eager(x, ln_w, ln_b, w, b):
+    return F.linear(F.layer_norm(x, (x.shape[-1],), ln_w, ln_b), w, b)
+
+
+def ln_linear_cublas(x, ln_w, ln_b, w, b):
+    return F.linear(x, w, b)  # the product alone: the ceiling for a fused LayerNorm + Linear
+
+
+def _ln_linear_workload(dtype):
+    return Workload(
+        name="layer_norm+linear",
+        dtype=dtype,
+        unit=TFLOPS,
+        sizes=((4096, 4096, 4096), LN_LINEAR),
+        quick=(LN_LINEAR,),
+        headlines=(LN_LINEAR,),
+        make_inputs=ln_linear_inputs,
+        work=matmul_flops,
+        work_formula="FLOPs = 2·M·N·K (the normalisation is not counted)",
+        module="triton_workshop.ops.layer_norm_linear",
+        ours=(lambda m: m.layer_norm_linear),
+        reference=ln_linear_eager,
+        reference_name="torch eager (F.layer_norm + F.linear)",
+        ceiling=ln_linear_cublas,
+        ceiling_name="cuBLAS linear",
+    )
+
+
 SPEC = Spec(
     name="matmul",
     title="Matrix product M×N×K (TFLOP/s, ceiling = cuBLAS at the same shape)",
@@ -104,5 +146,7 @@ SPEC = Spec(
                   activation="leaky_relu"),
         _workload("matmul+leaky_relu", torch.bfloat16, SMALL_SIZES, (SQUARE_4K,),
                   activation="leaky_relu"),
+        _ln_linear_workload(torch.float16),
+        _ln_linear_workload(torch.bfloat16),
     ],
 )
