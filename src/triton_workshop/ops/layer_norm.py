@@ -66,6 +66,24 @@ MAX_ROWS_PER_PROGRAM = 64
 #: there are ``programs x n_cols`` partials to sum at the end. 2 was fastest on an H100 (4 and 8
 #: were up to 25% slower: more partials to write and sum, no more bandwidth).
 BACKWARD_PROGRAMS_PER_SM = 2
+#: Single-block backward tiles of at least this many elements (rows of 4097-8192 columns) are
+#: "wide": a program holds the weight row and the running dweight/dbias besides x and dy. With
+#: 16 warps that is 16 values of each a thread, 112-115 registers on sm_90: one 512-thread program
+#: per SM, so half of a 2-per-SM grid waited for a second wave and an SM had 16 warps and one row
+#: in flight. Wide tiles run :data:`BACKWARD_WIDE_NUM_WARPS` warps (64 registers, no spills) and
+#: one program per SM (it fills the SM's registers: a second could not be resident anyway).
+BACKWARD_WIDE_TILE_ELEMS = 8192
+BACKWARD_WIDE_NUM_WARPS = 32
+#: The single-block backward's row loop is software-pipelined over this many stages
+#: (``cp.async``): the ``x`` and ``dy`` tiles of the next ``stages - 1`` iterations are loaded
+#: into shared memory while the program reduces and stores the current one. Without it a
+#: persistent program has no load in flight during that time. Used only where those
+#: ``stages - 1`` tiles fit in :data:`BACKWARD_PREFETCH_BYTES` (fp16/bf16 rows up to 8192, fp32 up
+#: to 4096); otherwise the loop is not pipelined (1 stage): compiled for sm_90 with Triton 3.6,
+#: an fp32 row of 8192 pipelined over 2 stages spilled at the 64 registers 32 warps allow.
+BACKWARD_STAGES = 3
+#: 64 KiB of shared memory a program: fits any GPU with ``cp.async`` (sm_80 and later).
+BACKWARD_PREFETCH_BYTES = 64 * 1024
 
 
 # --------------------------------------------------------------------------------------------
@@ -158,10 +176,12 @@ def layer_norm_bwd_kernel(
     n_rows, n_cols, rows_per_program,
     HAS_WEIGHT: tl.constexpr, COMPUTE_DX: tl.constexpr,
     COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
-    ACC: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+    ACC: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, STAGES: tl.constexpr,
 ):
     """Single-block backward: ``dx`` for a group of rows, and that group's partial
-    ``dweight``/``dbias`` (row ``pid`` of the partial buffers), reading ``x`` and ``dy`` once."""
+    ``dweight``/``dbias`` (row ``pid`` of the partial buffers), reading ``x`` and ``dy`` once.
+    The row loop is pipelined over ``STAGES`` stages (1: not pipelined): the loads of the next
+    tiles are in flight while this one is reduced and stored."""
     pid = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < n_cols
@@ -171,7 +191,7 @@ def layer_norm_bwd_kernel(
         w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(ACC)
     dw_sum = tl.zeros([BLOCK_N], dtype=ACC)
     db_sum = tl.zeros([BLOCK_N], dtype=ACC)
-    for tile_start in range(first_row, end_row, ROWS):
+    for tile_start in tl.range(first_row, end_row, ROWS, num_stages=STAGES):
         rows = tile_start + tl.arange(0, ROWS)
         row_mask = rows < end_row
         mask = row_mask[:, None] & col_mask[None, :]
@@ -335,6 +355,13 @@ def layer_norm_forward(
     return y, mean, rstd
 
 
+def _backward_stages(tile_elems: int, x: torch.Tensor, dy: torch.Tensor) -> int:
+    """Pipeline stages of the single-block backward's row loop: :data:`BACKWARD_STAGES` where
+    the prefetched ``x`` and ``dy`` tiles fit in :data:`BACKWARD_PREFETCH_BYTES`, else 1."""
+    prefetch_bytes = (BACKWARD_STAGES - 1) * tile_elems * (x.element_size() + dy.element_size())
+    return BACKWARD_STAGES if prefetch_bytes <= BACKWARD_PREFETCH_BYTES else 1
+
+
 def _layer_norm_backward_fake(dy, x, weight, mean, rstd, norm_ndim, need_dx, need_dw, need_db):
     _, n_cols = _rows_cols(x, norm_ndim)
     stats = _stats_dtype(x.dtype)
@@ -372,10 +399,13 @@ def layer_norm_backward(
     with runtime.device_guard(x):
         if n_cols <= BACKWARD_SINGLE_BLOCK_MAX_COLS:
             tile = row_tile(n_cols, n_rows, tile_elems=TILE_ELEMS, max_rows=MAX_ROWS_PER_PROGRAM)
+            wide = tile.rows * tile.block_cols >= BACKWARD_WIDE_TILE_ELEMS
+            num_warps = BACKWARD_WIDE_NUM_WARPS if wide else tile.num_warps
+            programs_per_sm = 1 if wide else BACKWARD_PROGRAMS_PER_SM
             # A fixed partition of the rows into groups (it depends only on the shape and the
             # GPU): the same summation order, so the same bits, every run.
             n_programs = min(
-                runtime.num_sms(x.device) * BACKWARD_PROGRAMS_PER_SM, triton.cdiv(n_rows, tile.rows)
+                runtime.num_sms(x.device) * programs_per_sm, triton.cdiv(n_rows, tile.rows)
             )
             rows_per_program = triton.cdiv(n_rows, n_programs)
             n_programs = triton.cdiv(n_rows, rows_per_program)
@@ -386,7 +416,8 @@ def layer_norm_backward(
                 n_rows, n_cols, rows_per_program,
                 HAS_WEIGHT=weight is not None, COMPUTE_DX=need_dx,
                 COMPUTE_DW=need_dw, COMPUTE_DB=need_db,
-                ACC=acc, BLOCK_N=tile.block_cols, ROWS=tile.rows, num_warps=tile.num_warps,
+                ACC=acc, BLOCK_N=tile.block_cols, ROWS=tile.rows,
+                STAGES=_backward_stages(tile.rows * tile.block_cols, x, dy), num_warps=num_warps,
             )
         else:
             tile = chunk_tile(n_cols, CHUNK_COLS)

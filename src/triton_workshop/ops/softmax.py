@@ -63,6 +63,13 @@ CHUNK_COLS = 4096
 TILE_ELEMS = 4096
 #: Upper bound on rows packed into one program (rows of 1-32 elements).
 MAX_ROWS_PER_PROGRAM = 128
+#: Single-block backward tiles of at least this many elements (rows longer than 4096) read ``y``
+#: and ``dy`` a second time after the row sum instead of holding them in registers across it.
+#: Compiled for sm_90 at 8192 columns (16 warps), holding them costs 45-47 registers a thread,
+#: so only 2 programs (32 warps, 2 rows in flight) fit on an SM; re-reading costs 32 registers,
+#: so 4 fit (64 warps, 4 rows in flight), the forward's occupancy at that width. The second read
+#: hits L1/L2 (the program read the same 32 KiB a moment before): DRAM traffic is unchanged.
+BACKWARD_RELOAD_MIN_ELEMS = 8192
 
 
 class DimError(ValueError, IndexError):
@@ -182,8 +189,13 @@ def softmax_bwd_kernel(
     dx_stride_outer, dx_stride_inner, dx_stride_col,
     HAS_INNER: tl.constexpr, UNIT_COLS: tl.constexpr,
     ACC: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+    RELOAD: tl.constexpr,
 ):
-    """Single-block backward: ``dx = y * (dy - sum(dy * y))``, two reads and one write."""
+    """Single-block backward: ``dx = y * (dy - sum(dy * y))``, two reads and one write.
+
+    ``RELOAD`` (wide tiles): load ``y`` and ``dy`` again after the row sum rather than keep them
+    live across it, so a thread needs far fewer registers and more programs share an SM (see
+    :data:`BACKWARD_RELOAD_MIN_ELEMS`). The second load is a cache hit, not DRAM traffic."""
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
     mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
@@ -195,6 +207,13 @@ def softmax_bwd_kernel(
     y = tl.load(y_ptr + y_offs, mask=mask, other=0.0).to(ACC)
     dy = tl.load(dy_ptr + dy_offs, mask=mask, other=0.0).to(ACC)
     dot = tl.sum(y * dy, axis=1)
+    if RELOAD:
+        # evict_first: this is the last use of the data. The differing cache hint also keeps
+        # the compiler from merging the two identical loads back into one (which would bring
+        # back the registers this saves).
+        y = tl.load(y_ptr + y_offs, mask=mask, other=0.0, eviction_policy="evict_first").to(ACC)
+        dy = tl.load(dy_ptr + dy_offs, mask=mask, other=0.0,
+                     eviction_policy="evict_first").to(ACC)
     dx = y * (dy - dot[:, None])
     dx_offs = _tile_offsets(rows, cols, n_inner, dx_stride_outer, dx_stride_inner, dx_stride_col,
                             HAS_INNER, UNIT_COLS)
@@ -261,9 +280,11 @@ def _softmax_forward_fake(x: torch.Tensor, dim: int) -> torch.Tensor:
     return _new_output(x)
 
 
-def _launch(single_block_kernel, online_kernel, *views: torch.Tensor) -> None:
+def _launch(single_block_kernel, online_kernel, *views: torch.Tensor,
+            backward: bool = False) -> None:
     """Launch one of a kernel pair over ``(outer, n_cols, inner)`` views (inputs, then output):
-    whole rows in registers when they fit, the chunked online kernel otherwise."""
+    whole rows in registers when they fit, the chunked online kernel otherwise. ``backward``
+    adds the single-block backward's ``RELOAD`` flag."""
     outer, n_cols, n_inner = views[0].shape
     n_rows = outer * n_inner
     strides = [s for v in views for s in _strides(v)]
@@ -275,6 +296,8 @@ def _launch(single_block_kernel, online_kernel, *views: torch.Tensor) -> None:
     with runtime.device_guard(views[0]):
         if n_cols <= SINGLE_BLOCK_MAX_COLS:
             tile = row_tile(n_cols, n_rows, tile_elems=TILE_ELEMS, max_rows=MAX_ROWS_PER_PROGRAM)
+            if backward:
+                flags["RELOAD"] = tile.rows * tile.block_cols >= BACKWARD_RELOAD_MIN_ELEMS
             wrap_triton(single_block_kernel)[(triton.cdiv(n_rows, tile.rows),)](
                 *views, n_rows, n_cols, n_inner, *strides,
                 BLOCK_N=tile.block_cols, ROWS=tile.rows, num_warps=tile.num_warps, **flags,
@@ -309,7 +332,7 @@ def softmax_backward(grad_out: torch.Tensor, out: torch.Tensor, dim: int) -> tor
         return dx
     _launch(
         softmax_bwd_kernel, softmax_bwd_online_kernel,
-        _rows_view(out, dim), _rows_view(grad_out, dim), _rows_view(dx, dim),
+        _rows_view(out, dim), _rows_view(grad_out, dim), _rows_view(dx, dim), backward=True,
     )
     return dx
 
