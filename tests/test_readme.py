@@ -114,3 +114,11 @@ def test_readme_example_diagnosis_is_what_the_checker_says(tmp_path):
     for line in case.verdict.details:
         first_words = " ".join(line.split()[:6])
         assert first_words in " ".join(example.split()), line
+
+
+def test_readme_python_blocks_run():
+    """The README's Python examples run as written."""
+    blocks = re.findall(r"```python\n(.*?)\n```", README, flags=re.S)
+    assert blocks
+    for block in blocks:
+        exec(compile(block, "README.md", "exec"), {})
