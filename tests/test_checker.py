@@ -151,3 +151,17 @@ def test_partial_progress_points_at_the_next_todo(tmp_path):
     path.write_text(source)
     text = failing_text(verdicts(1, path))
     assert "start at TODO 6" in text
+
+
+def test_kernel_that_ignores_strides_is_caught(tmp_path):
+    # Without the contiguity check the flat kernel reads a column-major image as if row-major.
+    path = plant(tmp_path, 2, "    check_tensors_gpu_ready(img)\n", "")
+    text = failing_text(verdicts(2, path))
+    assert "non-contiguous" in text and "strides" in text
+
+
+def test_solutions_refuse_or_handle_non_contiguous_inputs():
+    for number in sorted(EXERCISES):
+        vs = verdicts(number, ROOT / "solutions" / f"solution_{number}.py")
+        strided = [v for v in vs if v.headline.startswith(("refused clearly", "correct"))]
+        assert all(v.passed for v in vs) and strided

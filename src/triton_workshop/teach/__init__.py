@@ -80,7 +80,9 @@ def check_module(exercise: Exercise, module: ModuleType, *, seed: int | None = N
         block = [int(getattr(module, attr, default))
                  for attr, default in zip(task.block_attrs, task.default_block)]
         results = []
-        for case in task.make_cases(gen, runtime.DEVICE):
+        cases = task.make_cases(gen, runtime.DEVICE)
+        first_case = cases[0]
+        for case in cases:
             start = time.perf_counter()
             verdict = run_case(launcher, case.inputs, case.reference, block=block,
                                tol=tolerance_for(case.reference.dtype), kwargs=case.kwargs,
@@ -92,8 +94,46 @@ def check_module(exercise: Exercise, module: ModuleType, *, seed: int | None = N
             if not verdict.passed and todos:
                 number, lineno, text = todos[0]
                 verdict.details.insert(0, f"TODO {number} (line {lineno}) is still open: {text}")
+        if results and all(r.verdict.passed for r in results):
+            results.append(_strided_case(launcher, task, first_case))
         reports.append(TaskReport(task.function, results))
     return reports
+
+
+def _strided(t):
+    """The same values in non-contiguous memory: column-major for 2-D and up, every other
+    element for 1-D."""
+    if not isinstance(t, torch.Tensor) or t.dim() == 0:
+        return t
+    if t.dim() == 1:
+        return torch.stack([t, torch.full_like(t, float("nan"))], dim=-1)[:, 0]
+    return t.transpose(-1, -2).contiguous().transpose(-1, -2)
+
+
+def _strided_case(launcher, task, case) -> CaseResult:
+    """Non-contiguous inputs must be handled (right values) or refused clearly (a ValueError or
+    TypeError): a kernel that assumes contiguous memory silently reads the wrong elements."""
+    start = time.perf_counter()
+    inputs = [_strided(t) for t in case.inputs]
+    label = f"{case.label}, non-contiguous inputs"
+    try:
+        out = launcher(*inputs, **case.kwargs)
+    except (ValueError, TypeError) as exc:
+        verdict = Verdict(True, f"refused clearly: {str(exc).splitlines()[0][:120]}")
+    except Exception as exc:
+        verdict = Verdict(False, f"raised {type(exc).__name__} on non-contiguous inputs",
+                          [str(exc).splitlines()[0][:200] if str(exc) else "",
+                           "handle strides, or refuse with check_tensors_gpu_ready(...)"])
+    else:
+        ok = isinstance(out, torch.Tensor) and out.shape == case.reference.shape and bool(
+            torch.allclose(out.detach().cpu().double(), case.reference.cpu().double(),
+                           rtol=tolerance_for(case.reference.dtype).rtol,
+                           atol=tolerance_for(case.reference.dtype).atol))
+        verdict = Verdict(True, "correct") if ok else Verdict(
+            False, "wrong values for non-contiguous inputs",
+            ["the kernel assumes contiguous memory: pass the strides to the kernel, or refuse "
+             "such inputs with check_tensors_gpu_ready(...) (or call .contiguous())"])
+    return CaseResult(label, verdict, time.perf_counter() - start)
 
 
 def print_report(exercise: Exercise, reports: list[TaskReport], console: Console,
