@@ -165,3 +165,30 @@ def test_solutions_refuse_or_handle_non_contiguous_inputs():
         vs = verdicts(number, ROOT / "solutions" / f"solution_{number}.py")
         strided = [v for v in vs if v.headline.startswith(("refused clearly", "correct"))]
         assert all(v.passed for v in vs) and strided
+
+
+def test_wrong_sepia_coefficient_is_diagnosed_not_crashed(tmp_path):
+    # Outputs with a leading channel dim (sepia, filter2d) are diagnosed slice by slice.
+    path = plant(tmp_path, 2, "new_g = tl.minimum(0.349 * r", "new_g = tl.minimum(0.449 * r")
+    text = failing_text(verdicts(2, path))
+    assert "elements wrong" in text and "slice 1" in text
+
+
+def test_sepia_grid_rounded_down_names_the_tail(tmp_path):
+    path = plant(tmp_path, 2, "    grid = (cdiv(H, BLOCK_H), cdiv(W, BLOCK_W))\n    sepia_kernel",
+                 "    grid = (H // BLOCK_H, cdiv(W, BLOCK_W))\n    sepia_kernel")
+    text = failing_text(verdicts(2, path))
+    assert "never written" in text and "cdiv" in text
+
+
+def test_output_allocated_with_size_keyword_is_fine(tmp_path):
+    path = plant(tmp_path, 1, "out = torch.empty_like(x)",
+                 "out = torch.empty(size=x.shape, dtype=x.dtype, device=x.device)")
+    assert all(v.passed for v in verdicts(1, path))
+
+
+def test_arithmetic_bug_in_a_single_partial_block_is_not_blamed_on_the_mask():
+    ref = torch.rand(97)
+    out = ref - 1.0
+    v = diagnose(out, ref, block=(128,), tol=Tolerance(1e-5, 1e-5))
+    assert not v.passed and "check the mask" not in "\n".join(v.details)

@@ -230,3 +230,21 @@ def test_register_op_registers_new_op_with_fake():
 
 def test_num_sms_is_positive():
     assert runtime.num_sms() >= 1
+
+
+def test_functorch_transforms_and_tracing_go_through_the_registered_op():
+    """vmap and make_fx see the op, not the raw kernel launch (which cannot read their tensors)."""
+    import triton_workshop as tw
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    x = torch.rand(3, 17, device=runtime.DEVICE)
+    torch.testing.assert_close(torch.vmap(tw.add)(x, x), 2 * x)
+    graph = make_fx(lambda a: tw.add(a, a))(x)
+    assert "triton_workshop.add" in str(graph.graph)
+
+
+def test_registered_op_accepts_keyword_arguments():
+    from triton_workshop.ops.elementwise import _add
+
+    x = torch.rand(5, device=runtime.DEVICE)
+    torch.testing.assert_close(_add(x, y=x), 2 * x)

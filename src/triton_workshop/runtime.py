@@ -296,23 +296,30 @@ class RegisteredOp:
         EagerAutograd.__name__ = f"{self._op._name}_autograd"
         self._function = EagerAutograd
 
-    def __call__(self, *args):
-        if torch.compiler.is_compiling():
-            return self._op(*args)
-        kind = _eager_kind(args)
+    def __call__(self, *args, **kwargs):
+        kind = _eager_kind(args, kwargs)
         if kind == "plain":
-            return self._launcher(*args)
-        if kind == "grad" and self._function is not None:
+            return self._launcher(*args, **kwargs)
+        if kind == "grad" and self._function is not None and not kwargs:
             return self._function.apply(*args)
-        return self._op(*args)
+        return self._op(*args, **kwargs)
 
 
-def _eager_kind(args) -> str:
+_functorch_stack = getattr(torch._C._functorch, "peek_interpreter_stack", lambda: None)
+_dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
+
+
+def _eager_kind(args, kwargs) -> str:
     """"plain" (plain tensors, no autograd), "grad" (plain tensors, autograd records), or
-    "other" (a tensor subclass: only the dispatcher knows what to do)."""
+    "other": torch.compile or jit tracing, a functorch transform (vmap, grad, jvp), a dispatch
+    mode (make_fx, FakeTensorMode) or a tensor subclass, where only the dispatcher knows what to
+    do."""
+    if (torch.compiler.is_compiling() or torch.jit.is_tracing()
+            or _functorch_stack() is not None or _dispatch_modes() > 0):
+        return "other"
     grad = torch.is_grad_enabled()
     kind = "plain"
-    for a in args:
+    for a in (*args, *kwargs.values()):
         if isinstance(a, torch.Tensor):
             if type(a) is not torch.Tensor:
                 return "other"

@@ -1,8 +1,8 @@
 """Elementwise ops, and the workshop's first lesson in fusion.
 
-``torch.sqrt(a * b + c)`` in eager PyTorch is two kernels (``addcmul``-like fusion aside): each reads
-its inputs from memory and writes a temporary, so 3 reads + 1 write become 5 reads + 2 writes.
-One Triton kernel reads ``a``, ``b`` and ``c`` once and writes the result once: for a memory-bound
+``torch.sqrt(a * b + c)`` in eager PyTorch is three kernels (multiply, add, square root): each
+reads its inputs from memory and writes a temporary, 5 reads + 3 writes in all. One Triton kernel
+reads ``a``, ``b`` and ``c`` once and writes the result once, 3 reads + 1 write: for a memory-bound
 op the speed-up is the ratio of bytes moved.
 
 Both kernels are the same 1-D pattern: each program owns ``BLOCK_SIZE`` consecutive elements, the

@@ -453,6 +453,7 @@ def layer_norm_backward(
 def _layer_norm_setup_context(ctx, inputs, output):
     x, weight, bias, norm_ndim, _ = inputs
     _, mean, rstd = output
+    ctx.mark_non_differentiable(mean, rstd)  # saved statistics: no gradient flows through them
     ctx.save_for_backward(x, weight, mean, rstd)
     ctx.norm_ndim = norm_ndim
     ctx.bias_dtype = bias.dtype if bias is not None else None

@@ -68,7 +68,7 @@ class Guarded:
 def guarded_empty(shape, dtype, device) -> Guarded:
     shape = tuple(int(s) for s in shape)
     n = math.prod(shape)
-    buffer = _REAL_EMPTY(n + 2 * GUARD, dtype=dtype, device=device)
+    buffer = _REAL_EMPTY(n + 2 * GUARD, dtype=dtype, device=device)  # never the patched one
     buffer.fill_(poison_value(dtype))
     return Guarded(buffer, buffer[GUARD : GUARD + n].view(shape))
 
@@ -81,7 +81,6 @@ def guarded_copy(t: torch.Tensor) -> torch.Tensor:
 
 
 _REAL_EMPTY = torch.empty
-_REAL_EMPTY_LIKE = torch.empty_like
 
 
 @contextlib.contextmanager
@@ -92,24 +91,32 @@ def poisoned_allocations():
     check its guard zones.
     """
     made: list[Guarded] = []
+    real_empty, real_empty_like = torch.empty, torch.empty_like
+    plain_formats = (None, torch.contiguous_format, torch.preserve_format)
 
-    def empty(*size, dtype=None, device=None, **_ignored):
+    def empty(*size, dtype=None, device=None, requires_grad=False, **kwargs):
+        if "size" in kwargs:
+            size = (kwargs.pop("size"),)
+        if kwargs.get("out") is not None or kwargs.pop("memory_format", None) not in plain_formats:
+            return real_empty(*size, dtype=dtype, device=device, requires_grad=requires_grad, **kwargs)
         if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
             size = tuple(size[0])
         g = guarded_empty(size, dtype or torch.get_default_dtype(), device or "cpu")
         made.append(g)
-        return g.view
+        return g.view.requires_grad_(requires_grad)
 
-    def empty_like(t, *, dtype=None, device=None, **_ignored):
+    def empty_like(t, *, dtype=None, device=None, requires_grad=False, **kwargs):
+        if kwargs.pop("memory_format", None) not in plain_formats or not t.is_contiguous():
+            return real_empty_like(t, dtype=dtype, device=device, requires_grad=requires_grad, **kwargs)
         g = guarded_empty(t.shape, dtype or t.dtype, device or t.device)
         made.append(g)
-        return g.view
+        return g.view.requires_grad_(requires_grad)
 
     torch.empty, torch.empty_like = empty, empty_like
     try:
         yield made
     finally:
-        torch.empty, torch.empty_like = _REAL_EMPTY, _REAL_EMPTY_LIKE
+        torch.empty, torch.empty_like = real_empty, real_empty_like
 
 
 # --------------------------------------------------------------------------------------------
@@ -223,17 +230,16 @@ def diagnose(
 
     block = tuple(int(b) for b in block)
     nb = len(block)
-    tile_dims = tuple(ref_c.shape[-nb:]) if nb <= ref_c.dim() else (total,)
-    flat_1d = nb == 1 and ref_c.dim() != 1
-    if flat_1d:  # a 1-D kernel over the flattened tensor
-        tile_dims = (total,)
-        wrong_t, unwritten_t = wrong.reshape(-1), unwritten.reshape(-1)
-        out_t, ref_t = out_c.reshape(-1), ref_c.reshape(-1)
+    if nb == 1 and ref_c.dim() != 1:  # a 1-D kernel over the flattened tensor
+        tile_dims: tuple[int, ...] = (total,)
     else:
-        lead = ref_c.shape[: ref_c.dim() - nb]
-        wrong_t = wrong.reshape(-1, *tile_dims).any(0) if lead else wrong
-        unwritten_t = unwritten.reshape(-1, *tile_dims).any(0) if lead else unwritten
-        out_t, ref_t = out_c, ref_c
+        tile_dims = tuple(ref_c.shape[-nb:])
+    # Leading dims (channels, batches) are a grid axis of their own: the bug is named on the
+    # first slice that has wrong elements, where the tile geometry applies.
+    slices = [t.reshape(-1, *tile_dims) for t in (out_c, ref_c, wrong, unwritten)]
+    first = int(slices[2].reshape(len(slices[2]), -1).any(1).nonzero()[0])
+    out_t, ref_t, wrong_t, unwritten_t = (t[first] for t in slices)
+    where = f"in slice {first} of the leading dim, " if len(slices[0]) > 1 else ""
 
     # Which programs own the wrong elements, and are those the partial blocks at the edges?
     idx = wrong_t.nonzero()
@@ -244,19 +250,18 @@ def diagnose(
     programs = sorted({tuple(int(i) // b for i, b in zip(row, block)) for row in idx.tolist()})
     axes = program_axes or [f"pid_{a}" for a in range(nb)]
 
-    named = _name_the_bug(out_t, ref_t, wrong_t, unwritten_t, block, tile_dims, full,
-                          in_partial, tol, matmul_operands, ok)
-    details.extend(named)
+    details.extend(_name_the_bug(out_t, ref_t, wrong_t, unwritten_t, block, tile_dims, full,
+                                 in_partial, tol, matmul_operands))
 
     sample = idx[:5].tolist()
     details.append(
-        "first wrong elements: " + ", ".join(
+        f"first wrong elements{' (' + where.rstrip(', ') + ')' if where else ''}: " + ", ".join(
             f"{_fmt_index(i)}: got {_value(out_t, i)}, expected {_value(ref_t, i)}" for i in sample
         )
     )
     shown = ", ".join(_fmt_index(p) for p in programs[:8]) + (" ..." if len(programs) > 8 else "")
-    details.append(f"programs ({', '.join(axes)}) with wrong elements: {shown} "
-                   f"[{len(programs)} program(s); block {' x '.join(map(str, block))}]")
+    details.append(f"programs ({', '.join(axes)}) with wrong elements{' in that slice' if where else ''}: "
+                   f"{shown} [{len(programs)} program(s); block {' x '.join(map(str, block))}]")
     n_partial = int(in_partial.sum())
     details.append(
         f"{n_partial} of the wrong elements are in the partial (masked) block at the edge, "
@@ -271,7 +276,7 @@ def _value(t: torch.Tensor, index) -> str:
 
 
 def _name_the_bug(out, ref, wrong, unwritten, block, dims, full, in_partial, tol,
-                  matmul_operands, ok) -> list[str]:
+                  matmul_operands) -> list[str]:
     """The classic mistakes, each recognised by the shape of its errors."""
     found: list[str] = []
     nb = len(block)
@@ -292,7 +297,7 @@ def _name_the_bug(out, ref, wrong, unwritten, block, dims, full, in_partial, tol
     # a copy of block 0.
     first = tuple(slice(0, b) for b in block)
     n_blocks = math.prod(math.ceil(d / b) for d, b in zip(dims, block))
-    if n_blocks > 1 and not bool(wrong[first].any()):
+    if n_blocks > 1 and not bool(wrong[first].any()) and not bool(in_partial.all()):
         tiled_ref = ref[first]
         reps = [math.ceil(d / b) for d, b in zip(dims, block)]
         tiled = tiled_ref.repeat(*reps)[tuple(slice(0, d) for d in dims)]
@@ -310,7 +315,8 @@ def _name_the_bug(out, ref, wrong, unwritten, block, dims, full, in_partial, tol
             return found
 
     # The tail past the last full block.
-    if bool(in_partial.all()) and any(f < d for f, d in zip(full, dims)):
+    # (Only when a full block exists and is right: with one partial block, anything is "there".)
+    if bool(in_partial.all()) and all(f > 0 for f in full) and any(f < d for f, d in zip(full, dims)):
         if bool(unwritten[wrong].all()):
             found.append(
                 "only the last, partial block is wrong, and it was never written: the grid "
@@ -381,8 +387,14 @@ def run_case(
         for g in made:
             if g.view.data_ptr() == out.data_ptr() and g.n == out.numel():
                 spill = g.spill()
-    return diagnose(out, ref, block=block, tol=tol, spill=spill, program_axes=program_axes,
-                    matmul_operands=matmul_operands)
+    try:
+        return diagnose(out, ref, block=block, tol=tol, spill=spill, program_axes=program_axes,
+                        matmul_operands=matmul_operands)
+    except Exception as exc:  # a diagnosis that fails must not hide the verdict
+        ok = isinstance(out, torch.Tensor) and out.shape == ref.shape and bool(
+            _close(out.detach().cpu(), ref.detach().cpu(), tol).all())
+        return Verdict(ok, "correct" if ok else "wrong result",
+                       [] if ok else [f"(the checker could not analyse it further: {exc!r})"])
 
 
 def _verdict_for_exception(exc: Exception, learner_file: str | None) -> Verdict:
