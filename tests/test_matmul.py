@@ -453,3 +453,29 @@ def test_more_than_2_31_elements():
     out = matmul(a, b)
     assert_close(out[-4096:], reference(a[-4096:], b), torch.float16)
     torch.testing.assert_close(out[0].float(), b.float().sum(0), rtol=2e-3, atol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_misaligned_operands_copied_to_aligned_rows(dtype, monkeypatch):
+    """The GPU path copies operands whose rows are not 16-byte aligned (ragged K or N) into
+    padded storage; the values must not change, whatever the layout."""
+    monkeypatch.setattr(matmul_module, "ALIGN_OPERANDS", True)
+    a_t = rand(77, 45, dtype=dtype, seed=40)
+    for a in (rand(45, 77, dtype=dtype, seed=41), a_t.t(), rand(3, 45, 77, dtype=dtype, seed=42)):
+        for b in (rand(77, 21, dtype=dtype, seed=43), rand(21, 77, dtype=dtype, seed=44).t(),
+                  rand(77, 42, dtype=dtype, seed=45)[:, ::2]):
+            assert_close(matmul(a, b), reference(a, b), dtype)
+    for t in (rand(45, 77, dtype=dtype, seed=46), a_t.t()):
+        aligned = matmul_module._aligned(t)
+        assert matmul_module._is_aligned(aligned) and torch.equal(aligned, t)
+
+
+def test_misaligned_operands_gradients(monkeypatch):
+    monkeypatch.setattr(matmul_module, "ALIGN_OPERANDS", True)
+    a = rand(13, 77, seed=47).requires_grad_()
+    b = rand(77, 21, seed=48).requires_grad_()
+    matmul(a, b, activation="relu").sum().backward()
+    a_ref, b_ref = a.detach().double().requires_grad_(), b.detach().double().requires_grad_()
+    torch.relu(a_ref @ b_ref).sum().backward()
+    torch.testing.assert_close(a.grad.double(), a_ref.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(b.grad.double(), b_ref.grad, rtol=1e-5, atol=1e-5)
