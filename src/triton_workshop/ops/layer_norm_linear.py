@@ -78,7 +78,7 @@ import triton.language as tl
 from .. import runtime
 from ..runtime import FLOAT_DTYPES, register_op, row_tile, wrap_triton
 from .layer_norm import layer_norm_backward
-from .matmul import CONFIGS, matmul, prune_configs, tf32_enabled
+from .matmul import CONFIGS, grouped_tile, matmul, prune_configs, tf32_enabled
 
 _PARAM_DTYPES = FLOAT_DTYPES + (torch.float64,)
 #: Columns a step of the statistics kernel reads per row; longer rows are merged chunk by chunk.
@@ -145,11 +145,7 @@ def layer_norm_linear_kernel(
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    num_pid_in_group = GROUP_M * num_pid_n
-    first_pid_m = (pid // num_pid_in_group) * GROUP_M
-    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
-    pid_n = (pid % num_pid_in_group) // group_size_m
+    pid_m, pid_n = grouped_tile(pid, num_pid_m, num_pid_n, GROUP_M)
 
     offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)

@@ -154,6 +154,19 @@ def _apply_activation(x, slope, ACTIVATION: tl.constexpr):
     return x
 
 
+@triton.jit
+def grouped_tile(pid, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """The (row, column) tile of program ``pid`` in grouped ordering: GROUP_M tile-rows are
+    walked column by column, so that the programs running at the same time share their A and B
+    panels in L2 (see the module docstring)."""
+    num_pid_in_group = GROUP_M * num_pid_n
+    first_pid_m = (pid // num_pid_in_group) * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
+    pid_n = (pid % num_pid_in_group) // group_size_m
+    return pid_m, pid_n
+
+
 @runtime.autotune(
     configs=CONFIGS,
     # Buckets, not M/N/K: a new length in the same power-of-two bucket reuses the tuned config.
@@ -186,14 +199,7 @@ def matmul_kernel(
     batch = (pid // tiles_per_batch).to(tl.int64)
     pid = pid % tiles_per_batch
 
-    # Grouped ordering: walk GROUP_M tile-rows column by column, so that the programs running at
-    # the same time share their A and B panels in L2 (see the module docstring).
-    num_pid_in_group = GROUP_M * num_pid_n
-    group_id = pid // num_pid_in_group
-    first_pid_m = group_id * GROUP_M
-    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
-    pid_n = (pid % num_pid_in_group) // group_size_m
+    pid_m, pid_n = grouped_tile(pid, num_pid_m, num_pid_n, GROUP_M)
 
     # 64-bit offsets: row * stride passes 2**31 on large operands (and on transposed ones, where a
     # K step is M elements), and a 32-bit product would wrap around silently.
