@@ -109,6 +109,36 @@ def test_matmul_without_k_mask_reads_the_guard(tmp_path):
     assert not all(v.passed for v in verdicts(4, path))
 
 
+def test_softmax_padding_loaded_as_zero_is_caught(tmp_path):
+    # other=0.0: each padded lane adds exp(0 - max) to the row sum, so every row whose length is
+    # not a power of two comes out too small.
+    path = plant(tmp_path, 5, 'other=-float("inf")', "other=0.0")
+    vs = verdicts(5, path)
+    text = failing_text(vs)
+    assert "elements wrong" in text and "pid (row)" in text
+    assert not vs[0].passed  # 37 x 100: 28 padded lanes per row
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning",
+                            "ignore:invalid value encountered:RuntimeWarning")
+def test_softmax_without_max_subtraction_overflows(tmp_path):
+    # exp(x) of x * 1000 overflows to inf, and inf / inf = NaN: only the large-value case fails.
+    path = plant(tmp_path, 5, "numerator = tl.exp(x - tl.max(x, axis=0))", "numerator = tl.exp(x)")
+    vs = verdicts(5, path)
+    text = failing_text(vs)
+    assert "NaN" in text and "inf" in text and "subtract the row max" in text
+    assert "never written: check the grid" not in text
+    assert [v.passed for v in vs].count(False) == 1
+
+
+def test_softmax_store_mask_too_strict_is_not_called_overflow(tmp_path):
+    # A NaN tail at the end of each row is a hole the store left, not a computed NaN.
+    path = plant(tmp_path, 5, "y.to(out_ptr.dtype.element_ty), mask=mask)",
+                 "y.to(out_ptr.dtype.element_ty), mask=cols < n_cols - 1)")
+    text = failing_text(verdicts(5, path))
+    assert "never written" in text and "subtract the row max" not in text
+
+
 def test_report_names_programs_and_masked_region():
     ref = torch.arange(300, dtype=torch.float32)
     out = ref.clone()

@@ -150,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("check", help="check an exercise (or its solution) and explain what is wrong")
-    p.add_argument("number", type=int, help="exercise number (1-4)")
+    p.add_argument("number", type=int, help="exercise number (1-5)")
     p.add_argument("--solution", action="store_true", help="check solutions/solution_N.py instead")
     p.add_argument("--file", type=Path, help="check this file instead")
     p.add_argument("--seed", type=int, help="random seed for the inputs (default: fresh)")

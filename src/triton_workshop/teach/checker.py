@@ -14,7 +14,8 @@ Three tricks make the diagnosis possible:
 
 From these it recognises the classic bugs: the tail past the last full block (grid rounded down, or
 a wrong mask), every program repeating the first block (offsets without the program id), a
-transposed result, writes past the end, and errors the size of TF32 rounding.
+transposed result, writes past the end, errors the size of TF32 rounding, and NaNs a row-wise
+kernel computed (exp overflowing in a softmax without the max subtracted).
 """
 
 from __future__ import annotations
@@ -343,7 +344,15 @@ def _name_the_bug(out, ref, wrong, unwritten, block, dims, full, in_partial, tol
             )
             return found
 
-    if bool(unwritten.any()) and bool(unwritten[wrong].all()):
+    # One program per whole row (softmax): a NaN with a written element after it in its row is
+    # no hole left by a grid or a mask (those leave whole rows or a tail): the kernel computed it.
+    computed_nan = nb >= 2 and block[-1] >= dims[-1] and bool(
+        (unwritten & (~is_poison(out)).flip(-1).cumsum(-1).flip(-1).bool()).any())
+    if computed_nan and bool(unwritten[wrong].all()):
+        found.append("some rows hold NaN before elements the kernel did write: it computed those "
+                     "NaNs (inf - inf, inf / inf). tl.exp overflows to inf above ~88 in "
+                     "float32: subtract the row max before exp")
+    elif bool(unwritten.any()) and bool(unwritten[wrong].all()):
         found.append("the wrong elements were never written: check the grid covers the whole "
                      "output and that the store's mask is not too strict")
     elif bool((~torch.isfinite(out) & torch.isfinite(ref))[wrong].any()):

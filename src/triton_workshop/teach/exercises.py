@@ -44,6 +44,10 @@ def matmul_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a.double() @ b.double()).to(a.dtype)
 
 
+def softmax_reference(x: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(x.double(), -1).to(x.dtype)
+
+
 @dataclass
 class Case:
     label: str
@@ -129,6 +133,27 @@ def _matmul_cases(gen, device):
     return cases
 
 
+# Exercise 5's programs each own one whole row: the checker's block is (1 row, SOFTMAX_MAX_COLS
+# columns), which covers the longest row of the cases, so every wrong element maps to the program
+# of its row (column block 0).
+SOFTMAX_MAX_COLS = 2048
+
+
+def _softmax_cases(gen, device):
+    cases = []
+    for (rows, cols), dtype, scale in (((37, 100), torch.float32, 1.0),
+                                        ((64, 1500), torch.float32, 1.0),
+                                        ((5, 3), torch.float32, 1.0),
+                                        ((16, 77), torch.float32, 1000.0),  # exp(x) overflows
+                                        ((33, 70), torch.float16, 1.0)):
+        assert cols <= SOFTMAX_MAX_COLS
+        x = (_randn(gen, rows, cols) * scale).to(device=device, dtype=dtype)
+        label = f"{rows}x{cols}" + (f" x{scale:g}" if scale != 1.0 else "") + (
+            f" {str(dtype).replace('torch.', '')}" if dtype != torch.float32 else "")
+        cases.append(Case(label, (x,), softmax_reference(x)))
+    return cases
+
+
 EXERCISES: dict[int, Exercise] = {
     1: Exercise(
         1, "vector_add", "Vector addition",
@@ -156,5 +181,11 @@ EXERCISES: dict[int, Exercise] = {
         "tiles, a K loop, float32 accumulators, tl.dot, and respecting the data types",
         [Task("matmul", _matmul_cases, ["BLOCK_M", "BLOCK_N"], [32, 32],
               ["pid_m", "pid_n"], matmul_operands=True)],
+    ),
+    5: Exercise(
+        5, "softmax", "Fused softmax",
+        "one program per row, other=-inf padding, max subtraction, fp32 inside",
+        [Task("softmax", _softmax_cases, ["BLOCK_ROWS", "SOFTMAX_MAX_COLS"], [1, SOFTMAX_MAX_COLS],
+              ["pid (row)", "column block"])],
     ),
 }

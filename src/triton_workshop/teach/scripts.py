@@ -19,7 +19,9 @@ def exercise_1() -> int: return _run(1, False)  # noqa: E704
 def exercise_2() -> int: return _run(2, False)  # noqa: E704
 def exercise_3() -> int: return _run(3, False)  # noqa: E704
 def exercise_4() -> int: return _run(4, False)  # noqa: E704
+def exercise_5() -> int: return _run(5, False)  # noqa: E704
 def solution_1() -> int: return _run(1, True)  # noqa: E704
 def solution_2() -> int: return _run(2, True)  # noqa: E704
 def solution_3() -> int: return _run(3, True)  # noqa: E704
 def solution_4() -> int: return _run(4, True)  # noqa: E704
+def solution_5() -> int: return _run(5, True)  # noqa: E704
