@@ -694,6 +694,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="one mid size per workload and shorter timing (about 2 minutes)")
     parser.add_argument("--out", default="bench-results", type=Path,
                         help="folder for results.csv, <spec>.png and meta.json (default: %(default)s)")
+    parser.add_argument("-k", "--match", action="append", default=[], metavar="TEXT",
+                        help="only the cases whose 'workload size dtype' contains TEXT (repeatable; "
+                             "'x' matches '×'), e.g. -k 'fwd+bwd' -k 8192x8192x8192")
     parser.add_argument("--list", action="store_true",
                         help="list the benchmarks, their workloads and sizes, and exit")
     return parser
@@ -743,7 +746,8 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    return run_suite([load_spec(n) for n in names], quick=args.quick, out=args.out, console=console)
+    return run_suite([load_spec(n) for n in names], quick=args.quick, out=args.out, console=console,
+                     match=args.match)
 
 
 def _environment() -> dict[str, Any]:
@@ -758,9 +762,19 @@ def _environment() -> dict[str, Any]:
     }
 
 
-def run_suite(specs: Sequence[Spec], *, quick: bool, out: Path, console=None) -> int:
-    """Run the specs; print tables; write results.csv, <spec>.png and meta.json into ``out``.
-    Returns 0 when every triton-workshop result was correct and measured, 1 otherwise."""
+def case_matches(w: Workload, size: Size, match: Sequence[str]) -> bool:
+    """Whether ``-k`` keeps this case: no filter, or one TEXT is in 'name size dtype'."""
+    if not match:
+        return True
+    text = f"{w.name} {w.label(size)} {dtype_name(w.dtype)}".replace("×", "x").lower()
+    return any(m.replace("×", "x").lower() in text for m in match)
+
+
+def run_suite(specs: Sequence[Spec], *, quick: bool, out: Path, console=None,
+              match: Sequence[str] = ()) -> int:
+    """Run the specs (only the cases ``match`` keeps, see :func:`case_matches`); print tables;
+    write results.csv, <spec>.png and meta.json into ``out``. Returns 0 when every
+    triton-workshop result was correct and measured, 1 otherwise (also when nothing matched)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     console = console or _console()
@@ -779,7 +793,11 @@ def run_suite(specs: Sequence[Spec], *, quick: bool, out: Path, console=None) ->
         f"{timer.warmup}, rep={timer.rep}, median) · results → {out}/"
     )
 
-    plan = [(spec, w, size) for spec in specs for w in spec.workloads for size in w.sizes_for(quick)]
+    plan = [(spec, w, size) for spec in specs for w in spec.workloads for size in w.sizes_for(quick)
+            if case_matches(w, size, match)]
+    if not plan:
+        console.print(f"[red]no benchmark case matches -k {' -k '.join(match)}[/] (see --list)")
+        return 1
     ceiling_rows: list[Row] = []
     copy_rate = None
     if any(w.ceiling is None for _, w, _ in plan):
@@ -807,6 +825,8 @@ def run_suite(specs: Sequence[Spec], *, quick: bool, out: Path, console=None) ->
             spec_rows: list[Row] = []
             for w in spec.workloads:
                 for size in w.sizes_for(quick):
+                    if not case_matches(w, size, match):
+                        continue
                     done += 1
                     what = f"{spec.name} · {w.name} {w.label(size)} {dtype_name(w.dtype)}"
                     progress.update(task, description=what)
@@ -817,6 +837,8 @@ def run_suite(specs: Sequence[Spec], *, quick: bool, out: Path, console=None) ->
                     console.print("        " + _case_line(case))
                     spec_rows += case
                     progress.advance(task)
+            if not spec_rows:
+                continue
             rows += spec_rows
             console.print(spec_table(spec.title, spec_rows))
             for line in problems(spec_rows):

@@ -306,8 +306,10 @@ ALIGN_OPERANDS = not runtime.INTERPRET
 
 
 def _is_aligned(t: torch.Tensor) -> bool:
+    # The storage offset, not data_ptr(): fake tensors under torch.compile have no data pointer,
+    # and PyTorch's allocators hand out storage aligned to far more than 16 bytes.
     item = t.element_size()
-    return t.data_ptr() % 16 == 0 and all(
+    return (t.storage_offset() * item) % 16 == 0 and all(
         (stride * item) % 16 == 0 for stride, size in zip(t.stride(), t.shape) if stride != 1 and size > 1
     )
 

@@ -1,0 +1,263 @@
+"""Where the time goes, for maintainers on the GPU machine (``workshop bench`` says *how fast*;
+this says *why*).
+
+    PYTHONPATH=src python3 scripts/diagnose.py [SECTION ...]      # sections: see SECTIONS below
+
+For each case it prints
+
+* the GPU time of one call (median of ``triton.testing.do_bench``) and the CPU time it takes to
+  *enqueue* one call (a call whose CPU time is close to its GPU time is launch-bound: Python and
+  launch overhead, not the kernel, set its speed);
+* the kernels one call runs, from ``torch.profiler``, with their GPU time each;
+* the config the autotuner chose, for autotuned kernels;
+* for the row-wise backward kernels, the same call under variants of the launch heuristics
+  (the module constants the launchers read at every launch), so that one run compares them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import time
+from collections import defaultdict
+
+import torch
+import torch.nn.functional as F
+import triton
+from triton.testing import do_bench
+
+import triton_workshop as tw
+from triton_workshop.ops import attention as attn_ops
+from triton_workshop.ops import conv as conv_ops
+from triton_workshop.ops import layer_norm as ln_ops
+from triton_workshop.ops import layer_norm_linear as lnl_ops
+from triton_workshop.ops import matmul as mm_ops
+from triton_workshop.ops import softmax as sm_ops
+
+DEV = "cuda"
+
+
+def gpu_ms(fn) -> float:
+    return do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def cpu_us(fn, n: int = 30) -> float:
+    """CPU time to enqueue one call (the GPU is not waited for inside the loop)."""
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / n * 1e6
+
+
+def kernels(fn, iters: int = 5) -> list[tuple[str, float, float]]:
+    """(kernel name, launches per call, GPU µs per call) of the kernels ``fn`` runs."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    total = defaultdict(float)
+    count = defaultdict(int)
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            total[e.name] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+            count[e.name] += 1
+    rows = [(name[:90], count[name] / iters, total[name] / iters) for name in total]
+    return sorted(rows, key=lambda r: -r[2])
+
+
+def report(label: str, fn, *, work: float | None = None, unit: str = "GB/s", peers=None,
+           profile: bool = True) -> float:
+    """Time ``fn`` (and ``peers``: name -> fn) and print one block; returns ``fn``'s ms."""
+    scale = 1e6 if unit == "GB/s" else 1e9  # work per ms -> GB/s or TFLOP/s
+    ms = gpu_ms(fn)
+    rate = "" if work is None else f"  {work / ms / scale:.1f} {unit}"
+    line = f"{label}: {ms * 1e3:8.1f} µs GPU, {cpu_us(fn):7.1f} µs CPU enqueue{rate}"
+    for name, peer in (peers or {}).items():
+        pms = gpu_ms(peer)
+        prate = "" if work is None else f" {work / pms / scale:.1f}"
+        line += f" | {name} {pms * 1e3:.1f} µs{prate} ({pms / ms:.2f}×)"
+    print(line, flush=True)
+    if profile:
+        for name, per_call, us in kernels(fn):
+            print(f"      {us:9.1f} µs  ×{per_call:<4g} {name}")
+    return ms
+
+
+def best_configs(*kernels_) -> None:
+    for k in kernels_:
+        cache = getattr(k, "cache", {})
+        for key, cfg in list(cache.items())[-3:]:
+            name = getattr(getattr(k, "fn", None), "__name__", str(k))
+            print(f"      best config {name}: {cfg}  (key {key})")
+
+
+@contextlib.contextmanager
+def knobs(module, **values):
+    old = {k: getattr(module, k) for k in values}
+    for k, v in values.items():
+        setattr(module, k, v)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            setattr(module, k, v)
+
+
+# --------------------------------------------------------------------------------------------
+ROW_SIZES = [(65536, 1024), (16384, 4096), (8192, 8192), (2048, 32768)]
+
+
+def section_softmax():
+    print("== softmax (fp16): forward, backward, fwd+bwd through autograd")
+    for m, n in ROW_SIZES:
+        x = torch.randn(m, n, device=DEV, dtype=torch.float16, requires_grad=True)
+        dy = torch.randn_like(x)
+        y = tw.softmax(x.detach())
+        nb = m * n * 2
+        report(f"softmax fwd {m}x{n}", lambda: sm_ops.softmax_forward(x.detach(), 1), work=2 * nb,
+               peers={"torch": lambda: torch.softmax(x.detach(), -1)}, profile=False)
+        variants = {"default": {}, "no reload": {"BACKWARD_RELOAD_MIN_ELEMS": 1 << 40},
+                    "tile 2048": {"TILE_ELEMS": 2048}, "tile 8192": {"TILE_ELEMS": 8192},
+                    "tile 16384": {"TILE_ELEMS": 16384}}
+        for name, vals in variants.items():
+            with knobs(sm_ops, **vals):
+                report(f"softmax bwd {m}x{n} [{name}]", lambda: sm_ops.softmax_backward(dy, y, 1),
+                       work=3 * nb, profile=False,
+                       peers={"torch": lambda: torch._softmax_backward_data(dy, y, 1, y.dtype)}
+                       if name == "default" else None)
+        report(f"softmax fwd+bwd {m}x{n}", lambda: torch.autograd.grad(tw.softmax(x), [x], dy),
+               work=5 * nb, peers={"torch": lambda: torch.autograd.grad(torch.softmax(x, -1), [x], dy)})
+
+
+def section_layer_norm():
+    print("== layer_norm (fp16, weight and bias): forward, backward variants, fwd+bwd")
+    for m, n in ROW_SIZES[:3] + [(4096, 16384)]:
+        x = torch.randn(m, n, device=DEV, dtype=torch.float16, requires_grad=True)
+        w = torch.randn(n, device=DEV, dtype=torch.float16, requires_grad=True)
+        b = torch.randn(n, device=DEV, dtype=torch.float16, requires_grad=True)
+        dy = torch.randn_like(x)
+        nb = m * n * 2
+        _, mean, rstd = ln_ops.layer_norm_forward(x.detach(), w.detach(), b.detach(), 1, 1e-5)
+        report(f"ln fwd {m}x{n}", lambda: ln_ops.layer_norm_forward(x.detach(), w, b, 1, 1e-5),
+               work=2 * nb, profile=False,
+               peers={"torch": lambda: F.layer_norm(x.detach(), (n,), w.detach(), b.detach())})
+        eager_bwd = lambda: torch.ops.aten.native_layer_norm_backward(  # noqa: E731
+            dy, x, (n,), mean.view(m, 1), rstd.view(m, 1), w, b, [True, True, True])
+        variants = {"default": {}, "stages 1": {"BACKWARD_STAGES": 1},
+                    "stages 2": {"BACKWARD_STAGES": 2},
+                    "1/SM": {"BACKWARD_PROGRAMS_PER_SM": 1}, "4/SM": {"BACKWARD_PROGRAMS_PER_SM": 4},
+                    "8/SM": {"BACKWARD_PROGRAMS_PER_SM": 8},
+                    "4/SM stages 1": {"BACKWARD_PROGRAMS_PER_SM": 4, "BACKWARD_STAGES": 1},
+                    "tile 2048": {"TILE_ELEMS": 2048}, "tile 8192": {"TILE_ELEMS": 8192},
+                    "wide 16 warps": {"BACKWARD_WIDE_NUM_WARPS": 16},
+                    "not wide": {"BACKWARD_WIDE_TILE_ELEMS": 1 << 40}}
+        for name, vals in variants.items():
+            with knobs(ln_ops, **vals):
+                report(f"ln bwd {m}x{n} [{name}]",
+                       lambda: ln_ops.layer_norm_backward(dy, x, w, mean, rstd, 1, True, True, True),
+                       work=3 * nb, profile=name == "default",
+                       peers={"torch": eager_bwd} if name == "default" else None)
+        report(f"ln fwd+bwd {m}x{n}",
+               lambda: torch.autograd.grad(tw.layer_norm(x, (n,), w, b), [x, w, b], dy),
+               work=5 * nb,
+               peers={"torch": lambda: torch.autograd.grad(F.layer_norm(x, (n,), w, b), [x, w, b], dy)})
+
+
+def section_conv():
+    print("== conv2d fp16 32x64x56x56, 64 filters 3x3 pad 1")
+    x = torch.randn(32, 64, 56, 56, device=DEV, dtype=torch.float16)
+    w = torch.randn(64, 64, 3, 3, device=DEV, dtype=torch.float16) / 24
+    flops = 2 * 32 * 64 * 56 * 56 * 64 * 9
+    xcl = x.contiguous(memory_format=torch.channels_last)
+    wcl = w.contiguous(memory_format=torch.channels_last)
+    for label, xx, ww in (("NCHW", x, w), ("channels_last", xcl, wcl)):
+        report(f"conv {label}", lambda: tw.conv2d(xx, ww, padding=1), work=flops, unit="TFLOP/s",
+               peers={"cuDNN": lambda: F.conv2d(xx, ww, padding=1)})
+    best_configs(conv_ops.conv2d_implicit_gemm_kernel)
+
+
+def section_matmul():
+    print("== matmul fp16: ragged 5012x2100x7777, 4096^3; TF32 4096^3; layer_norm+linear")
+    for m, n, k in ((5012, 2100, 7777), (4096, 4096, 4096)):
+        a = torch.randn(m, k, device=DEV, dtype=torch.float16)
+        b = torch.randn(k, n, device=DEV, dtype=torch.float16)
+        report(f"matmul {m}x{n}x{k}", lambda: tw.matmul(a, b), work=2 * m * n * k, unit="TFLOP/s",
+               peers={"cuBLAS": lambda: a @ b})
+    best_configs(mm_ops.matmul_kernel)
+    a = torch.randn(4096, 4096, device=DEV)
+    b = torch.randn(4096, 4096, device=DEV)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    report("matmul TF32 4096^3", lambda: tw.matmul(a, b), work=2 * 4096**3, unit="TFLOP/s",
+           peers={"cuBLAS": lambda: a @ b})
+    torch.backends.cuda.matmul.allow_tf32 = False
+    best_configs(mm_ops.matmul_kernel)
+    for m in (4096, 8192):
+        x = torch.randn(m, 4096, device=DEV, dtype=torch.float16)
+        lw = 1 + 0.1 * torch.randn(4096, device=DEV, dtype=torch.float16)
+        lb = 0.1 * torch.randn(4096, device=DEV, dtype=torch.float16)
+        w = torch.randn(4096, 4096, device=DEV, dtype=torch.float16) / 64
+        bias = torch.randn(4096, device=DEV, dtype=torch.float16)
+        report(f"layer_norm_linear {m}x4096x4096",
+               lambda: tw.layer_norm_linear(x, lw, lb, w, bias), work=2 * m * 4096 * 4096,
+               unit="TFLOP/s",
+               peers={"eager": lambda: F.linear(F.layer_norm(x, (4096,), lw, lb), w, bias),
+                      "linear alone": lambda: F.linear(x, w, bias)})
+    best_configs(lnl_ops.layer_norm_linear_kernel)
+
+
+def section_attention():
+    print("== attention fp16 B=4 H=32 N=4096, causal fwd+bwd")
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    for d in (128, 64):
+        q, k, v = (torch.randn(4, 32, 4096, d, device=DEV, dtype=torch.float16, requires_grad=True)
+                   for _ in range(3))
+        do = torch.randn_like(q)
+        flops = 4 * 4 * 32 * 4096 * 4096 * d * 0.5 * 3.5  # causal: half; fwd+bwd: 2.5x more
+
+        def fa2():
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                return torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                                           [q, k, v], do)
+
+        report(f"attention fwd+bwd causal D={d}",
+               lambda: torch.autograd.grad(tw.attention(q, k, v, causal=True), [q, k, v], do),
+               work=flops, unit="TFLOP/s", peers={"SDPA flash": fa2})
+        best_configs(attn_ops.attn_fwd_kernel, attn_ops.attn_bwd_dkdv_kernel,
+                     attn_ops.attn_bwd_dq_kernel)
+
+
+SECTIONS = {"softmax": section_softmax, "layer_norm": section_layer_norm, "conv": section_conv,
+            "matmul": section_matmul, "attention": section_attention}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("sections", nargs="*", metavar="SECTION",
+                        help=f"some of: {', '.join(SECTIONS)} (default: all)")
+    args = parser.parse_args(argv)
+    unknown = [s for s in args.sections if s not in SECTIONS]
+    if unknown:
+        parser.error(f"unknown section(s) {unknown}; choose from {list(SECTIONS)}")
+    if not torch.cuda.is_available():
+        print("diagnose.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    print(f"{torch.cuda.get_device_name()} · torch {torch.__version__} · triton {triton.__version__}")
+    for name in args.sections or SECTIONS:
+        t = time.perf_counter()
+        SECTIONS[name]()
+        print(f"   ({name}: {time.perf_counter() - t:.0f} s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
