@@ -236,8 +236,57 @@ def section_attention():
                      attn_ops.attn_bwd_dq_kernel)
 
 
+def section_cpu():
+    """Where the CPU time of one eager call goes (cProfile, per call), for calls whose CPU
+    enqueue time rivals their GPU time."""
+    import cProfile
+    import pstats
+
+    print("== CPU profile of eager calls (µs per call, by own time)")
+    x = torch.randn(8192, 8192, device=DEV, dtype=torch.float16, requires_grad=True)
+    w = torch.randn(8192, device=DEV, dtype=torch.float16, requires_grad=True)
+    b = torch.randn(8192, device=DEV, dtype=torch.float16, requires_grad=True)
+    dy = torch.randn_like(x)
+    xc = torch.randn(32, 64, 56, 56, device=DEV, dtype=torch.float16).contiguous(
+        memory_format=torch.channels_last)
+    wc = torch.randn(64, 64, 3, 3, device=DEV, dtype=torch.float16)
+    a = torch.randn(1024, 1024, device=DEV, dtype=torch.float16)
+    cases = {
+        "softmax fwd+bwd": lambda: torch.autograd.grad(tw.softmax(x), [x], dy),
+        "torch softmax fwd+bwd": lambda: torch.autograd.grad(torch.softmax(x, -1), [x], dy),
+        "layer_norm fwd+bwd": lambda: torch.autograd.grad(tw.layer_norm(x, (8192,), w, b), [x, w, b], dy),
+        "torch layer_norm fwd+bwd": lambda: torch.autograd.grad(F.layer_norm(x, (8192,), w, b), [x, w, b], dy),
+        "conv2d channels_last": lambda: tw.conv2d(xc, wc, padding=1),
+        "matmul 1024^3": lambda: tw.matmul(a, a),
+        "add 1024^2": lambda: tw.add(a, a),
+    }
+    n = 200
+    for name, fn in cases.items():
+        for _ in range(20):
+            fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        wall = (time.perf_counter() - t0) / n * 1e6
+        torch.cuda.synchronize()
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(n):
+            fn()
+        prof.disable()
+        torch.cuda.synchronize()
+        print(f"{name}: {wall:.1f} µs wall per call (unprofiled, GPU may be the limit)")
+        stats = pstats.Stats(prof)
+        rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:14]
+        for (file, line, func), (cc, nc, tt, ct, _) in rows:
+            where = f"{file.split('site-packages/')[-1].split('src/')[-1]}:{line}({func})"
+            print(f"      {tt / n * 1e6:7.1f} own {ct / n * 1e6:7.1f} cum  ×{nc / n:<4g} {where[:110]}")
+
+
 SECTIONS = {"softmax": section_softmax, "layer_norm": section_layer_norm, "conv": section_conv,
-            "matmul": section_matmul, "attention": section_attention}
+            "matmul": section_matmul, "attention": section_attention,
+            "cpu": section_cpu}
 
 
 def main(argv=None) -> int:

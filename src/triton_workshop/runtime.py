@@ -19,6 +19,7 @@ import contextlib
 import functools
 import os
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
@@ -127,11 +128,33 @@ def check_same_dtype(**tensors: torch.Tensor) -> None:
             )
 
 
+_NO_GUARD = contextlib.nullcontext()
+
+
 def device_guard(t: torch.Tensor):
-    """Launch on the tensor's own device (``cuda:1`` works), not on the current one."""
-    if t.device.type == "cuda":
-        return torch.cuda.device(t.device)
-    return contextlib.nullcontext()
+    """Launch on the tensor's own device (``cuda:1`` works), not on the current one. Switching
+    devices costs microseconds of CPU a call: skipped when the tensor is on the current one."""
+    device = t.device
+    if device.type == "cuda" and device.index != torch.cuda.current_device():
+        return torch.cuda.device(device)
+    return _NO_GUARD
+
+
+# --------------------------------------------------------------------------------------------
+# Host-side integer helpers. triton.cdiv / triton.next_power_of_2 work too, but newer Triton
+# versions route host calls through a constexpr-function wrapper that costs more than the
+# arithmetic; these run on every launch. Symbolic sizes (torch.compile) take Triton's path.
+# --------------------------------------------------------------------------------------------
+def cdiv(a, b):
+    """Ceiling division: programs needed for ``a`` items at ``b`` per program."""
+    return -(-a // b)
+
+
+def next_power_of_2(n):
+    """Smallest power of two >= ``n`` (0 for 0, like Triton's)."""
+    if type(n) is int and n >= 0:
+        return 1 << (n - 1).bit_length() if n > 0 else 0
+    return triton.next_power_of_2(n)
 
 
 # --------------------------------------------------------------------------------------------
@@ -147,9 +170,16 @@ def autotune(configs: Sequence[triton.Config], key: Sequence[str], **kwargs):
 
 
 def num_sms(device: torch.device | None = None) -> int:
+    """Streaming multiprocessors of ``device`` (4 in the interpreter, which has none)."""
     if INTERPRET or not torch.cuda.is_available():
         return 4
-    return torch.cuda.get_device_properties(device or torch.cuda.current_device()).multi_processor_count
+    index = device.index if device is not None and device.index is not None else None
+    return _num_sms(torch.cuda.current_device() if index is None else index)
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 # --------------------------------------------------------------------------------------------
@@ -180,14 +210,14 @@ def row_tile(n_cols: int, n_rows: int, *, tile_elems: int, max_rows: int) -> Row
     """Single-block launch: the whole row in ``next_power_of_2(n_cols)`` lanes, and as many rows
     a program as fit in ``tile_elems`` (no more than there are rows). A heuristic on the row
     length, not autotuning, so a new shape launches at once (and the interpreter stays fast)."""
-    block_cols = triton.next_power_of_2(n_cols)
-    rows = max(1, min(tile_elems // block_cols, max_rows, triton.next_power_of_2(n_rows)))
+    block_cols = next_power_of_2(n_cols)
+    rows = max(1, min(tile_elems // block_cols, max_rows, next_power_of_2(n_rows)))
     return RowTile(block_cols, rows, num_warps_for(rows * block_cols))
 
 
 def chunk_tile(n_cols: int, chunk_cols: int) -> RowTile:
     """Multi-block launch: one row a program, ``chunk_cols`` lanes a step."""
-    block_cols = min(chunk_cols, triton.next_power_of_2(n_cols))
+    block_cols = min(chunk_cols, next_power_of_2(n_cols))
     return RowTile(block_cols, 1, num_warps_for(block_cols))
 
 
@@ -199,14 +229,20 @@ def acc_dtype(dtype: torch.dtype):
 # --------------------------------------------------------------------------------------------
 # Registration with torch.library, so that every public op works under torch.compile.
 # --------------------------------------------------------------------------------------------
-from torch._library.triton import is_wrap_triton_enabled, set_wrap_triton_enabled  # noqa: E402
+from torch._library.triton import is_wrap_triton_enabled  # noqa: E402
+
+
+#: Per thread: whether the launcher running now was called directly (not traced), so its
+#: kernels launch as they are. A plain flag: torch's own switch is a context manager that costs
+#: more per call than the check it enables.
+_direct = threading.local()
 
 
 def wrap_triton(kernel):
-    """A kernel launch that ``torch.compile`` can trace. Where torch has switched tracing off
-    (eager calls on plain tensors) it is the kernel itself: the traceable wrapper's dispatch
-    costs more than a small kernel runs."""
-    if not is_wrap_triton_enabled():
+    """A kernel launch that ``torch.compile`` can trace. For direct eager calls, and where torch
+    has switched tracing off, it is the kernel itself: the traceable wrapper's dispatch costs
+    more than a small kernel runs."""
+    if getattr(_direct, "on", False) or not is_wrap_triton_enabled():
         return kernel
     return torch.library.wrap_triton(kernel)
 
@@ -217,8 +253,13 @@ def _launch_directly(launcher: Callable) -> Callable:
 
     @functools.wraps(launcher)
     def direct(*args, **kwargs):
-        with set_wrap_triton_enabled(False):
+        if getattr(_direct, "on", False):  # nested: an op's launcher calling another op
             return launcher(*args, **kwargs)
+        _direct.on = True
+        try:
+            return launcher(*args, **kwargs)
+        finally:
+            _direct.on = False
 
     return direct
 

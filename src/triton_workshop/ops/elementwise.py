@@ -51,7 +51,7 @@ def mul_add_sqrt_kernel(a_ptr, b_ptr, c_ptr, out_ptr, n_elements, BLOCK_SIZE: tl
 
 
 def _grid(n: int):
-    return (triton.cdiv(n, BLOCK_SIZE),)
+    return (runtime.cdiv(n, BLOCK_SIZE),)
 
 
 def _prepare(**tensors: torch.Tensor) -> list[torch.Tensor]:
@@ -63,7 +63,11 @@ def _prepare(**tensors: torch.Tensor) -> list[torch.Tensor]:
     for name, t in tensors.items():
         runtime.check_tensor(t, name, dtypes=FLOAT_DTYPES)
     runtime.check_same_device(**tensors)
-    dtype = tensors[next(iter(tensors))].dtype
+    values = list(tensors.values())
+    first = values[0]
+    if all(t.shape == first.shape and t.dtype == first.dtype and t.is_contiguous() for t in values):
+        return values  # the common case, without broadcast_tensors' and to()'s Python overhead
+    dtype = first.dtype
     for t in tensors.values():
         dtype = torch.promote_types(dtype, t.dtype)
     try:

@@ -239,7 +239,7 @@ def _launch_color(kernel, img: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     n_pixels = height * width
     if out.numel() == 0:
         return out
-    blocks_per_plane = triton.cdiv(n_pixels, COLOR_BLOCK_SIZE)
+    blocks_per_plane = runtime.cdiv(n_pixels, COLOR_BLOCK_SIZE)
     grid = (batch * blocks_per_plane,)
     with runtime.device_guard(img):
         wrap_triton(kernel)[grid](
@@ -306,8 +306,8 @@ def _filter2d(img: torch.Tensor, kernel: torch.Tensor, padding: str) -> torch.Te
     size = kernel.shape[-1]
     grid = (
         batch * channels,
-        triton.cdiv(out_height, FILTER_BLOCK_H),
-        triton.cdiv(out_width, FILTER_BLOCK_W),
+        runtime.cdiv(out_height, FILTER_BLOCK_H),
+        runtime.cdiv(out_width, FILTER_BLOCK_W),
     )
     with runtime.device_guard(img):
         wrap_triton(filter2d_kernel)[grid](

@@ -38,8 +38,10 @@ in their own dtype and widened in the kernel. The output has ``x``'s dtype.
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
+from typing import Optional
 
 import torch
 import triton
@@ -189,8 +191,11 @@ def layer_norm_bwd_kernel(
     end_row = tl.minimum(first_row + rows_per_program, n_rows)
     if HAS_WEIGHT:
         w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(ACC)
-    dw_sum = tl.zeros([BLOCK_N], dtype=ACC)
-    db_sum = tl.zeros([BLOCK_N], dtype=ACC)
+    # Running sums kept as whole tiles, in the layout x and dy arrive in: reducing them over the
+    # rows every iteration would convert layouts through shared memory (barriers) in the loop.
+    # One reduction after the loop instead.
+    dw_acc = tl.zeros([ROWS, BLOCK_N], dtype=ACC)
+    db_acc = tl.zeros([ROWS, BLOCK_N], dtype=ACC)
     for tile_start in tl.range(first_row, end_row, ROWS, num_stages=STAGES):
         rows = tile_start + tl.arange(0, ROWS)
         row_mask = rows < end_row
@@ -211,13 +216,13 @@ def layer_norm_bwd_kernel(
             dx = (g - mean_g_xhat[:, None] * xhat - mean_g[:, None]) * rstd[:, None]
             tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
         if COMPUTE_DW:
-            dw_sum += tl.sum(dy * xhat, axis=0)
+            dw_acc += dy * xhat
         if COMPUTE_DB:
-            db_sum += tl.sum(dy, axis=0)
+            db_acc += dy
     if COMPUTE_DW:
-        tl.store(dw_partial_ptr + pid * n_cols + cols, dw_sum, mask=col_mask)
+        tl.store(dw_partial_ptr + pid * n_cols + cols, tl.sum(dw_acc, axis=0), mask=col_mask)
     if COMPUTE_DB:
-        tl.store(db_partial_ptr + pid * n_cols + cols, db_sum, mask=col_mask)
+        tl.store(db_partial_ptr + pid * n_cols + cols, tl.sum(db_acc, axis=0), mask=col_mask)
 
 
 @triton.jit
@@ -289,6 +294,34 @@ def layer_norm_bwd_dwdb_chunked_kernel(
         tl.store(db_partial_ptr + group * n_cols + cols, db_sum, mask=col_mask)
 
 
+@triton.jit
+def layer_norm_bwd_sum_partials_kernel(
+    dw_partial_ptr, db_partial_ptr, dw_ptr, db_ptr,
+    n_partials, n_cols,
+    COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
+    ACC: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Second stage of the ``dweight``/``dbias`` reduction: sum the ``(n_partials, n_cols)``
+    buffers over their rows in a fixed order, both in one launch, and store in the parameters'
+    dtypes (no separate cast kernels)."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < n_cols
+    dw_acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=ACC)
+    db_acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=ACC)
+    for start in range(0, n_partials, BLOCK_P):
+        rows = start + tl.arange(0, BLOCK_P)
+        mask = (rows < n_partials)[:, None] & col_mask[None, :]
+        offs = rows.to(tl.int64)[:, None] * n_cols + cols[None, :]
+        if COMPUTE_DW:
+            dw_acc += tl.load(dw_partial_ptr + offs, mask=mask, other=0.0)
+        if COMPUTE_DB:
+            db_acc += tl.load(db_partial_ptr + offs, mask=mask, other=0.0)
+    if COMPUTE_DW:
+        tl.store(dw_ptr + cols, tl.sum(dw_acc, axis=0).to(dw_ptr.dtype.element_ty), mask=col_mask)
+    if COMPUTE_DB:
+        tl.store(db_ptr + cols, tl.sum(db_acc, axis=0).to(db_ptr.dtype.element_ty), mask=col_mask)
+
+
 # --------------------------------------------------------------------------------------------
 # Launchers, registered as ops.
 # --------------------------------------------------------------------------------------------
@@ -299,11 +332,6 @@ def _rows_cols(x: torch.Tensor, norm_ndim: int) -> tuple[int, int]:
 def _stats_dtype(dtype: torch.dtype) -> torch.dtype:
     """mean/rstd and the partial sums are kept in the kernels' arithmetic type."""
     return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def _placeholder(x: torch.Tensor) -> torch.Tensor:
-    """Stands in for a pointer a kernel never touches (its constexpr flag is off)."""
-    return x.new_empty(0)
 
 
 def _layer_norm_forward_fake(x, weight, bias, norm_ndim, eps):
@@ -327,8 +355,8 @@ def layer_norm_forward(
     """``(y, mean, rstd)`` of layer norm over the last ``norm_ndim`` dims of ``x`` (arguments
     already checked by :func:`layer_norm`); ``mean`` and ``rstd`` have one value per row."""
     n_rows, n_cols = _rows_cols(x, norm_ndim)
+    y = x.new_empty(x.shape)
     stats = _stats_dtype(x.dtype)
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     mean = x.new_empty(n_rows, dtype=stats)
     rstd = x.new_empty(n_rows, dtype=stats)
     if n_rows == 0:
@@ -336,40 +364,108 @@ def layer_norm_forward(
     if n_cols == 0:  # statistics of nothing, as PyTorch: NaN
         return y, mean.fill_(math.nan), rstd.fill_(math.nan)
     x = x.contiguous()
-    w = weight.contiguous() if weight is not None else _placeholder(x)
-    b = bias.contiguous() if bias is not None else _placeholder(x)
-    flags = dict(HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, ACC=acc_dtype(x.dtype))
+    w = weight.contiguous() if weight is not None else x
+    b = bias.contiguous() if bias is not None else x  # never read when HAS_BIAS is off
+    chunked, grid, consts = _forward_plan(n_rows, n_cols, x.dtype, weight is not None,
+                                          bias is not None, _forward_knobs())
+    kernel = layer_norm_fwd_chunked_kernel if chunked else layer_norm_fwd_kernel
+    scalars = (n_cols, eps) if chunked else (n_rows, n_cols, eps)
     with runtime.device_guard(x):
-        if n_cols <= SINGLE_BLOCK_MAX_COLS:
-            tile = row_tile(n_cols, n_rows, tile_elems=TILE_ELEMS, max_rows=MAX_ROWS_PER_PROGRAM)
-            wrap_triton(layer_norm_fwd_kernel)[(triton.cdiv(n_rows, tile.rows),)](
-                x, w, b, y, mean, rstd, n_rows, n_cols, eps,
-                BLOCK_N=tile.block_cols, ROWS=tile.rows, num_warps=tile.num_warps, **flags,
-            )
-        else:
-            tile = chunk_tile(n_cols, CHUNK_COLS)
-            wrap_triton(layer_norm_fwd_chunked_kernel)[(n_rows,)](
-                x, w, b, y, mean, rstd, n_cols, eps,
-                BLOCK_N=tile.block_cols, num_warps=tile.num_warps, **flags,
-            )
+        wrap_triton(kernel)[grid](x, w, b, y, mean, rstd, *scalars, **consts)
     return y, mean, rstd
 
 
-def _backward_stages(tile_elems: int, x: torch.Tensor, dy: torch.Tensor) -> int:
-    """Pipeline stages of the single-block backward's row loop: :data:`BACKWARD_STAGES` where
-    the prefetched ``x`` and ``dy`` tiles fit in :data:`BACKWARD_PREFETCH_BYTES`, else 1."""
-    prefetch_bytes = (BACKWARD_STAGES - 1) * tile_elems * (x.element_size() + dy.element_size())
-    return BACKWARD_STAGES if prefetch_bytes <= BACKWARD_PREFETCH_BYTES else 1
+def _forward_knobs() -> tuple:
+    return SINGLE_BLOCK_MAX_COLS, CHUNK_COLS, TILE_ELEMS, MAX_ROWS_PER_PROGRAM
 
 
-def _layer_norm_backward_fake(dy, x, weight, mean, rstd, norm_ndim, need_dx, need_dw, need_db):
-    _, n_cols = _rows_cols(x, norm_ndim)
+@functools.lru_cache(maxsize=1024)
+def _forward_plan(n_rows, n_cols, dtype, has_weight, has_bias, knobs):
+    """``(chunked, grid, constexpr args)`` of the forward launch. Cached: the same few shapes
+    come back every step, and on a slow host working this out costs as much as a launch."""
+    single_block_max, chunk_cols, tile_elems, max_rows = knobs
+    consts = dict(HAS_WEIGHT=has_weight, HAS_BIAS=has_bias, ACC=acc_dtype(dtype))
+    if n_cols <= single_block_max:
+        tile = row_tile(n_cols, n_rows, tile_elems=tile_elems, max_rows=max_rows)
+        consts.update(BLOCK_N=tile.block_cols, ROWS=tile.rows, num_warps=tile.num_warps)
+        return False, (runtime.cdiv(n_rows, tile.rows),), consts
+    tile = chunk_tile(n_cols, chunk_cols)
+    consts.update(BLOCK_N=tile.block_cols, num_warps=tile.num_warps)
+    return True, (n_rows,), consts
+
+
+def _grad_dtypes(x, weight, bias_dtype) -> tuple[torch.dtype, torch.dtype]:
+    """dtypes of ``dweight`` and ``dbias``: the parameters' own when known, else the stats'."""
     stats = _stats_dtype(x.dtype)
+    return (weight.dtype if weight is not None else stats,
+            bias_dtype if bias_dtype is not None else stats)
+
+
+def _layer_norm_backward_fake(dy, x, weight, mean, rstd, norm_ndim, need_dx, need_dw, need_db,
+                              bias_dtype=None):
+    _, n_cols = _rows_cols(x, norm_ndim)
+    dw_dtype, db_dtype = _grad_dtypes(x, weight, bias_dtype)
     return (
         torch.empty(x.shape if need_dx else (0,), dtype=x.dtype, device=x.device),
-        x.new_empty(n_cols if need_dw else 0, dtype=stats),
-        x.new_empty(n_cols if need_db else 0, dtype=stats),
+        x.new_empty(n_cols if need_dw else 0, dtype=dw_dtype),
+        x.new_empty(n_cols if need_db else 0, dtype=db_dtype),
     )
+
+
+#: The partial-sum reduction's tile: BLOCK_P partial rows x BLOCK_N columns a step (narrow, so
+#: that even 1024 columns are 32 programs).
+SUM_PARTIALS_BLOCK_P = 32
+SUM_PARTIALS_BLOCK_N = 32
+
+
+def _backward_knobs() -> tuple:
+    return (BACKWARD_SINGLE_BLOCK_MAX_COLS, CHUNK_COLS, TILE_ELEMS, MAX_ROWS_PER_PROGRAM,
+            BACKWARD_PROGRAMS_PER_SM, BACKWARD_WIDE_TILE_ELEMS, BACKWARD_WIDE_NUM_WARPS,
+            BACKWARD_STAGES, BACKWARD_PREFETCH_BYTES)
+
+
+@functools.lru_cache(maxsize=1024)
+def _backward_plan(n_rows, n_cols, dtype, bytes_per_elem_pair, has_weight, need, n_sms, knobs):
+    """The backward's launches for one shape: ``(chunked, n_partials, launches)`` with
+    ``launches`` a dict of kernel name -> ``(grid, scalar args, constexpr args)``. Cached like
+    the forward's plan. ``bytes_per_elem_pair``: bytes of one ``x`` and one ``dy`` element."""
+    (single_block_max, chunk_cols, tile_elems, max_rows, programs_per_sm, wide_tile_elems,
+     wide_num_warps, stages, prefetch_bytes) = knobs
+    need_dx, need_dw, need_db = need
+    acc = acc_dtype(dtype)
+    if n_cols <= single_block_max:
+        tile = row_tile(n_cols, n_rows, tile_elems=tile_elems, max_rows=max_rows)
+        elems = tile.rows * tile.block_cols
+        wide = elems >= wide_tile_elems
+        # A fixed partition of the rows into groups (it depends only on the shape and the GPU):
+        # the same summation order, so the same bits, every run.
+        n_programs = min(n_sms * (1 if wide else programs_per_sm), runtime.cdiv(n_rows, tile.rows))
+        rows_per_program = runtime.cdiv(n_rows, n_programs)
+        n_programs = runtime.cdiv(n_rows, rows_per_program)
+        # Pipeline the row loop where the prefetched x and dy tiles fit in shared memory.
+        prefetch = (stages - 1) * elems * bytes_per_elem_pair
+        consts = dict(
+            HAS_WEIGHT=has_weight, COMPUTE_DX=need_dx, COMPUTE_DW=need_dw, COMPUTE_DB=need_db,
+            ACC=acc, BLOCK_N=tile.block_cols, ROWS=tile.rows,
+            STAGES=stages if prefetch <= prefetch_bytes else 1,
+            num_warps=wide_num_warps if wide else tile.num_warps,
+        )
+        launches = {"fused": ((n_programs,), (n_rows, n_cols, rows_per_program), consts)}
+        return False, n_programs, launches
+    tile = chunk_tile(n_cols, chunk_cols)
+    launches = {}
+    if need_dx:
+        launches["dx"] = ((n_rows,), (n_cols,), dict(
+            HAS_WEIGHT=has_weight, ACC=acc, BLOCK_N=tile.block_cols, num_warps=tile.num_warps))
+    n_col_blocks = runtime.cdiv(n_cols, tile.block_cols)
+    n_groups = min(n_rows, runtime.cdiv(n_sms * programs_per_sm, n_col_blocks))
+    rows_per_group = runtime.cdiv(n_rows, n_groups)
+    n_groups = runtime.cdiv(n_rows, rows_per_group)
+    if need_dw or need_db:
+        launches["dwdb"] = ((n_groups, n_col_blocks), (n_rows, n_cols, rows_per_group), dict(
+            COMPUTE_DW=need_dw, COMPUTE_DB=need_db, ACC=acc, BLOCK_N=tile.block_cols,
+            num_warps=num_warps_for(tile.block_cols)))
+    return True, n_groups, launches
 
 
 @register_op("layer_norm_backward", fake=_layer_norm_backward_fake)
@@ -383,70 +479,54 @@ def layer_norm_backward(
     need_dx: bool,
     need_dw: bool,
     need_db: bool,
+    bias_dtype: Optional[torch.dtype] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(dx, dweight, dbias)``; each one not asked for is an empty placeholder. ``dweight`` and
-    ``dbias`` come flat, in the arithmetic type (fp32, or fp64): the caller casts and reshapes."""
+    ``dbias`` come flat (the caller reshapes), ``dweight`` in ``weight``'s dtype, ``dbias`` in
+    ``bias_dtype`` (both in the arithmetic type, fp32 or fp64, when unknown)."""
     n_rows, n_cols = _rows_cols(x, norm_ndim)
-    stats = _stats_dtype(x.dtype)
-    dx = torch.empty(x.shape if need_dx else (0,), dtype=x.dtype, device=x.device)
+    dw_dtype, db_dtype = _grad_dtypes(x, weight, bias_dtype)
+    dx = x.new_empty(x.shape if need_dx else (0,))
     if n_rows == 0 or n_cols == 0:  # a sum over no rows is 0
-        dw = x.new_zeros(n_cols if need_dw else 0, dtype=stats)
-        db = x.new_zeros(n_cols if need_db else 0, dtype=stats)
+        dw = x.new_zeros(n_cols if need_dw else 0, dtype=dw_dtype)
+        db = x.new_zeros(n_cols if need_db else 0, dtype=db_dtype)
         return dx, dw, db
     dy, x = dy.contiguous(), x.contiguous()
-    w = weight.contiguous() if weight is not None else _placeholder(x)
-    acc = acc_dtype(x.dtype)
+    w = weight.contiguous() if weight is not None else x  # never read when HAS_WEIGHT is off
+    chunked, n_partials, launches = _backward_plan(
+        n_rows, n_cols, x.dtype, x.element_size() + dy.element_size(), weight is not None,
+        (need_dx, need_dw, need_db), runtime.num_sms(x.device), _backward_knobs(),
+    )
+    # Row g of the partial buffers: the dweight/dbias sums of row group g (one allocation).
+    n_sums = need_dw + need_db
+    partials = x.new_empty((max(n_sums, 1), n_partials if n_sums else 0, n_cols),
+                           dtype=_stats_dtype(x.dtype))
+    dw_partial, db_partial = partials[0], partials[n_sums - 1 if n_sums else 0]
     with runtime.device_guard(x):
-        if n_cols <= BACKWARD_SINGLE_BLOCK_MAX_COLS:
-            tile = row_tile(n_cols, n_rows, tile_elems=TILE_ELEMS, max_rows=MAX_ROWS_PER_PROGRAM)
-            wide = tile.rows * tile.block_cols >= BACKWARD_WIDE_TILE_ELEMS
-            num_warps = BACKWARD_WIDE_NUM_WARPS if wide else tile.num_warps
-            programs_per_sm = 1 if wide else BACKWARD_PROGRAMS_PER_SM
-            # A fixed partition of the rows into groups (it depends only on the shape and the
-            # GPU): the same summation order, so the same bits, every run.
-            n_programs = min(
-                runtime.num_sms(x.device) * programs_per_sm, triton.cdiv(n_rows, tile.rows)
-            )
-            rows_per_program = triton.cdiv(n_rows, n_programs)
-            n_programs = triton.cdiv(n_rows, rows_per_program)
-            dw_partial = x.new_empty((n_programs, n_cols) if need_dw else 0, dtype=stats)
-            db_partial = x.new_empty((n_programs, n_cols) if need_db else 0, dtype=stats)
-            wrap_triton(layer_norm_bwd_kernel)[(n_programs,)](
-                dy, x, w, mean, rstd, dx, dw_partial, db_partial,
-                n_rows, n_cols, rows_per_program,
-                HAS_WEIGHT=weight is not None, COMPUTE_DX=need_dx,
-                COMPUTE_DW=need_dw, COMPUTE_DB=need_db,
-                ACC=acc, BLOCK_N=tile.block_cols, ROWS=tile.rows,
-                STAGES=_backward_stages(tile.rows * tile.block_cols, x, dy), num_warps=num_warps,
-            )
+        if not chunked:
+            grid, scalars, consts = launches["fused"]
+            wrap_triton(layer_norm_bwd_kernel)[grid](
+                dy, x, w, mean, rstd, dx, dw_partial, db_partial, *scalars, **consts)
         else:
-            tile = chunk_tile(n_cols, CHUNK_COLS)
-            if need_dx:
-                wrap_triton(layer_norm_bwd_dx_chunked_kernel)[(n_rows,)](
-                    dy, x, w, mean, rstd, dx, n_cols,
-                    HAS_WEIGHT=weight is not None, ACC=acc,
-                    BLOCK_N=tile.block_cols, num_warps=tile.num_warps,
-                )
-            n_col_blocks = triton.cdiv(n_cols, tile.block_cols)
-            n_groups = min(
-                n_rows,
-                triton.cdiv(runtime.num_sms(x.device) * BACKWARD_PROGRAMS_PER_SM, n_col_blocks),
+            if "dx" in launches:
+                grid, scalars, consts = launches["dx"]
+                wrap_triton(layer_norm_bwd_dx_chunked_kernel)[grid](
+                    dy, x, w, mean, rstd, dx, *scalars, **consts)
+            if "dwdb" in launches:
+                grid, scalars, consts = launches["dwdb"]
+                wrap_triton(layer_norm_bwd_dwdb_chunked_kernel)[grid](
+                    dy, x, mean, rstd, dw_partial, db_partial, *scalars, **consts)
+        # The second, small stage of the reduction, in a fixed order: deterministic.
+        dw = x.new_empty(n_cols if need_dw else 0, dtype=dw_dtype)
+        db = x.new_empty(n_cols if need_db else 0, dtype=db_dtype)
+        if n_sums:
+            wrap_triton(layer_norm_bwd_sum_partials_kernel)[
+                (runtime.cdiv(n_cols, SUM_PARTIALS_BLOCK_N),)
+            ](
+                dw_partial, db_partial, dw, db, n_partials, n_cols,
+                COMPUTE_DW=need_dw, COMPUTE_DB=need_db, ACC=acc_dtype(x.dtype),
+                BLOCK_P=SUM_PARTIALS_BLOCK_P, BLOCK_N=SUM_PARTIALS_BLOCK_N, num_warps=4,
             )
-            rows_per_group = triton.cdiv(n_rows, n_groups)
-            n_groups = triton.cdiv(n_rows, rows_per_group)
-            dw_partial = x.new_empty((n_groups, n_cols) if need_dw else 0, dtype=stats)
-            db_partial = x.new_empty((n_groups, n_cols) if need_db else 0, dtype=stats)
-            if need_dw or need_db:
-                wrap_triton(layer_norm_bwd_dwdb_chunked_kernel)[(n_groups, n_col_blocks)](
-                    dy, x, mean, rstd, dw_partial, db_partial,
-                    n_rows, n_cols, rows_per_group,
-                    COMPUTE_DW=need_dw, COMPUTE_DB=need_db,
-                    ACC=acc, BLOCK_N=tile.block_cols, num_warps=num_warps_for(tile.block_cols),
-                )
-    # The second, small stage of the reduction: torch.sum over a fixed-shape buffer is
-    # deterministic.
-    dw = dw_partial.sum(0) if need_dw else dw_partial
-    db = db_partial.sum(0) if need_db else db_partial
     return dx, dw, db
 
 
@@ -454,6 +534,9 @@ def _layer_norm_setup_context(ctx, inputs, output):
     x, weight, bias, norm_ndim, _ = inputs
     _, mean, rstd = output
     ctx.mark_non_differentiable(mean, rstd)  # saved statistics: no gradient flows through them
+    # Their incoming gradients would otherwise be materialised as zero tensors (two fill kernels
+    # a step) only to be ignored.
+    ctx.set_materialize_grads(False)
     ctx.save_for_backward(x, weight, mean, rstd)
     ctx.norm_ndim = norm_ndim
     ctx.bias_dtype = bias.dtype if bias is not None else None
@@ -462,14 +545,16 @@ def _layer_norm_setup_context(ctx, inputs, output):
 def _layer_norm_backward_autograd(ctx, dy, _dmean, _drstd):
     x, weight, mean, rstd = ctx.saved_tensors
     need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
+    if dy is None:  # y did not reach the loss (grads are not materialised, see setup_context)
+        return None, None, None, None, None
     dx, dw, db = layer_norm_backward(
-        dy, x, weight, mean, rstd, ctx.norm_ndim, need_dx, need_dw, need_db
+        dy, x, weight, mean, rstd, ctx.norm_ndim, need_dx, need_dw, need_db, ctx.bias_dtype
     )
     norm_shape = x.shape[x.dim() - ctx.norm_ndim :]
     return (
         dx if need_dx else None,
-        dw.view(norm_shape).to(weight.dtype) if need_dw else None,
-        db.view(norm_shape).to(ctx.bias_dtype) if need_db else None,
+        dw.view(norm_shape) if need_dw else None,
+        db.view(norm_shape) if need_db else None,
         None,
         None,
     )

@@ -39,7 +39,7 @@ computed in fp64 (so ``torch.autograd.gradcheck`` can check the kernels).
 
 from __future__ import annotations
 
-import math
+import functools
 import operator
 
 import torch
@@ -259,55 +259,92 @@ def softmax_bwd_online_kernel(
 # --------------------------------------------------------------------------------------------
 # Launchers, registered as ops.
 # --------------------------------------------------------------------------------------------
-def _rows_view(t: torch.Tensor, dim: int) -> torch.Tensor:
-    """``t`` as ``(outer, n_cols, inner)`` with the softmax dim in the middle: a view whenever the
-    strides allow it (``reshape`` copies otherwise), so transposes and slices cost no copy."""
-    outer = math.prod(t.shape[:dim])
-    inner = math.prod(t.shape[dim + 1 :])
-    return t.reshape(outer, t.shape[dim], inner)
+def _collapse(shape, strides, dim: int):
+    """``(outer, n_cols, inner)`` sizes and ``(outer, inner, col)`` strides of a tensor viewed as
+    rows along ``dim``, or None when the dims before or after ``dim`` cannot be merged into one
+    stride each (then the caller copies, as ``reshape`` would)."""
+
+    def merge(sizes, steps):
+        size, step = 1, 0
+        for n, st in zip(reversed(sizes), reversed(steps)):  # innermost first
+            if n == 1:
+                continue
+            if size > 1 and st != step * size:
+                return None
+            if size == 1:
+                step = st
+            size *= n
+        return size, step
+
+    outer = merge(shape[:dim], strides[:dim])
+    inner = merge(shape[dim + 1 :], strides[dim + 1 :])
+    if outer is None or inner is None:
+        return None
+    return (outer[0], shape[dim], inner[0]), (outer[1], inner[1], strides[dim])
 
 
-def _strides(t: torch.Tensor) -> tuple[int, int, int]:
-    """(outer, inner, col) strides of an ``(outer, n_cols, inner)`` view, the kernels' order."""
-    return t.stride(0), t.stride(2), t.stride(1)
+def _knobs() -> tuple:
+    """The module's launch constants, part of the plan cache's key (tests change them)."""
+    return (SINGLE_BLOCK_MAX_COLS, CHUNK_COLS, TILE_ELEMS, MAX_ROWS_PER_PROGRAM,
+            BACKWARD_RELOAD_MIN_ELEMS)
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan(shape, dim: int, all_strides, dtype, backward: bool, knobs: tuple):
+    """How to launch over tensors of ``shape`` with ``all_strides`` (inputs, then output):
+    ``(single_block, grid, scalar args, constexpr args)``, or None if a tensor needs a copy.
+    Cached: a training loop calls softmax on the same few shapes, and on a slow host the Python
+    that works this out costs as much as the kernel's launch."""
+    single_block_max, chunk_cols, tile_elems, max_rows, reload_min = knobs
+    collapsed = [_collapse(shape, st, dim) for st in all_strides]
+    if any(c is None for c in collapsed):
+        return None
+    (outer, n_cols, n_inner), _ = collapsed[0]
+    n_rows = outer * n_inner
+    strides = [s for _, st in collapsed for s in st]
+    consts = dict(
+        HAS_INNER=n_inner > 1,
+        UNIT_COLS=n_cols == 1 or all(st[2] == 1 for _, st in collapsed),
+        ACC=acc_dtype(dtype),
+    )
+    if n_cols <= single_block_max:
+        tile = row_tile(n_cols, n_rows, tile_elems=tile_elems, max_rows=max_rows)
+        if backward:
+            consts["RELOAD"] = tile.rows * tile.block_cols >= reload_min
+        consts.update(BLOCK_N=tile.block_cols, ROWS=tile.rows, num_warps=tile.num_warps)
+        return True, (runtime.cdiv(n_rows, tile.rows),), (n_rows, n_cols, n_inner, *strides), consts
+    tile = chunk_tile(n_cols, chunk_cols)
+    consts.update(BLOCK_N=tile.block_cols, num_warps=tile.num_warps)
+    return False, (n_rows,), (n_cols, n_inner, *strides), consts
 
 
 def _new_output(x: torch.Tensor) -> torch.Tensor:
-    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    return x.new_empty(x.shape)
 
 
 def _softmax_forward_fake(x: torch.Tensor, dim: int) -> torch.Tensor:
     return _new_output(x)
 
 
-def _launch(single_block_kernel, online_kernel, *views: torch.Tensor,
+def _launch(single_block_kernel, online_kernel, dim: int, *tensors: torch.Tensor,
             backward: bool = False) -> None:
-    """Launch one of a kernel pair over ``(outer, n_cols, inner)`` views (inputs, then output):
-    whole rows in registers when they fit, the chunked online kernel otherwise. ``backward``
-    adds the single-block backward's ``RELOAD`` flag."""
-    outer, n_cols, n_inner = views[0].shape
-    n_rows = outer * n_inner
-    strides = [s for v in views for s in _strides(v)]
-    flags = dict(
-        HAS_INNER=n_inner > 1,
-        UNIT_COLS=n_cols == 1 or all(v.stride(1) == 1 for v in views),
-        ACC=acc_dtype(views[0].dtype),
-    )
-    with runtime.device_guard(views[0]):
-        if n_cols <= SINGLE_BLOCK_MAX_COLS:
-            tile = row_tile(n_cols, n_rows, tile_elems=TILE_ELEMS, max_rows=MAX_ROWS_PER_PROGRAM)
-            if backward:
-                flags["RELOAD"] = tile.rows * tile.block_cols >= BACKWARD_RELOAD_MIN_ELEMS
-            wrap_triton(single_block_kernel)[(triton.cdiv(n_rows, tile.rows),)](
-                *views, n_rows, n_cols, n_inner, *strides,
-                BLOCK_N=tile.block_cols, ROWS=tile.rows, num_warps=tile.num_warps, **flags,
-            )
-        else:
-            tile = chunk_tile(n_cols, CHUNK_COLS)
-            wrap_triton(online_kernel)[(n_rows,)](
-                *views, n_cols, n_inner, *strides,
-                BLOCK_N=tile.block_cols, num_warps=tile.num_warps, **flags,
-            )
+    """Launch one of a kernel pair over ``tensors`` (inputs, then the output) as rows along
+    ``dim``: whole rows in registers when they fit, the chunked online kernel otherwise. The
+    kernels get the tensors themselves and the rows' strides, no reshaped views."""
+    first = tensors[0]
+    key = (first.shape, dim, tuple(t.stride() for t in tensors), first.dtype, backward, _knobs())
+    try:
+        plan = _plan(*key)
+    except TypeError:  # symbolic sizes under torch.compile are not hashable: no cache
+        plan = _plan.__wrapped__(*key)
+    if plan is None:  # a tensor whose rows are not a strided view: copy it once
+        _launch(single_block_kernel, online_kernel, dim,
+                *(t.contiguous() for t in tensors[:-1]), tensors[-1], backward=backward)
+        return
+    single_block, grid, scalars, consts = plan
+    kernel = single_block_kernel if single_block else online_kernel
+    with runtime.device_guard(first):
+        wrap_triton(kernel)[grid](*tensors, *scalars, **consts)
 
 
 @register_op("softmax_forward", fake=_softmax_forward_fake)
@@ -316,7 +353,7 @@ def softmax_forward(x: torch.Tensor, dim: int) -> torch.Tensor:
     y = _new_output(x)
     if y.numel() == 0:
         return y
-    _launch(softmax_fwd_kernel, softmax_fwd_online_kernel, _rows_view(x, dim), _rows_view(y, dim))
+    _launch(softmax_fwd_kernel, softmax_fwd_online_kernel, dim, x, y)
     return y
 
 
@@ -330,10 +367,7 @@ def softmax_backward(grad_out: torch.Tensor, out: torch.Tensor, dim: int) -> tor
     dx = _new_output(out)
     if dx.numel() == 0:
         return dx
-    _launch(
-        softmax_bwd_kernel, softmax_bwd_online_kernel,
-        _rows_view(out, dim), _rows_view(grad_out, dim), _rows_view(dx, dim), backward=True,
-    )
+    _launch(softmax_bwd_kernel, softmax_bwd_online_kernel, dim, out, grad_out, dx, backward=True)
     return dx
 
 
