@@ -248,3 +248,109 @@ def test_registered_op_accepts_keyword_arguments():
 
     x = torch.rand(5, device=runtime.DEVICE)
     torch.testing.assert_close(_add(x, y=x), 2 * x)
+
+
+# --------------------------------------------------------------------------------------------
+# FastLaunch: exercised with stand-ins for a Triton kernel (the interpreter never uses it).
+# --------------------------------------------------------------------------------------------
+class _Param:
+    def __init__(self, name, default=None, has_default=False):
+        self.name, self.default, self.has_default = name, default, has_default
+
+
+class CompiledKernel:  # the name FastLaunch checks
+    def __init__(self, log):
+        self.log = log
+
+    def __getitem__(self, grid):
+        def runner(*args, stream=None):
+            self.log.append(("fast", grid, args))
+        return runner
+
+
+class _FakeJit:
+    def __init__(self, names, defaults=None):
+        defaults = defaults or {}
+        self.params = [_Param(n, defaults.get(n), n in defaults) for n in names]
+        self.arg_names = names
+        self.log = []
+        self.compiled = CompiledKernel(self.log)
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.log.append(("triton", grid, args, kwargs))
+            return self.compiled
+        return launch
+
+
+class _FakeConfig:
+    def __init__(self, kwargs):
+        self.kwargs, self.pre_hook = kwargs, None
+
+    def all_kwargs(self):
+        return {**self.kwargs, "num_warps": 4}
+
+
+class _FakeAutotuner(_FakeJit):
+    def __init__(self, names):
+        super().__init__(names)
+        self.fn = self
+        self.configs = [_FakeConfig({"BLOCK": 64})]
+        self.best_config = self.configs[0]
+        self.reset_to_zero, self.restore_value, self.post_hook = [], [], None
+
+
+@pytest.fixture
+def fast_launch(monkeypatch):
+    monkeypatch.setattr(runtime, "FAST_LAUNCH", True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 7, raising=False)
+
+
+def test_fast_launch_reuses_the_compiled_kernel_for_the_same_key(fast_launch):
+    k = _FakeJit(["x_ptr", "n", "BLOCK", "FLAG"], defaults={"FLAG": False})
+    fast = runtime.FastLaunch(k)
+    x = torch.zeros(64)
+    fast[(4,)](x, 100, BLOCK=32)
+    fast[(4,)](x, 100, BLOCK=32)
+    assert [e[0] for e in k.log] == ["triton", "fast"]
+    # The direct call gets every parameter in order, the constexprs and defaults included.
+    assert k.log[1][1] == (4, 1, 1) and k.log[1][2] == (x, 100, 32, False)
+    # Any change in what Triton specialises on goes through Triton again.
+    fast[(4,)](x, 101, BLOCK=32)          # another int value
+    fast[(4,)](x, 100, BLOCK=64)          # another constexpr
+    fast[(4,)](x.half(), 100, BLOCK=32)   # another dtype
+    fast[(4,)](x[1:], 100, BLOCK=32)      # a pointer no longer 16-byte aligned
+    fast[(4,)](x, True, BLOCK=32)         # a bool, not the int 1
+    assert [e[0] for e in k.log[2:]] == ["triton"] * 5
+
+
+def test_fast_launch_autotuned_kernel_adds_the_config_and_resolves_the_grid(fast_launch):
+    k = _FakeAutotuner(["x_ptr", "n", "BLOCK"])
+    fast = runtime.FastLaunch(k)
+    x = torch.zeros(8)
+    n = 1000
+
+    def grid(meta):
+        return (runtime.cdiv(n, meta["BLOCK"]),)
+
+    fast[grid](x, n)
+    fast[grid](x, n)
+    assert k.log[1][0] == "fast"
+    assert k.log[1][1] == (16, 1, 1) and k.log[1][2] == (x, n, 64)
+
+
+def test_fast_launch_hooks_and_failures_fall_back_to_triton(fast_launch, monkeypatch):
+    k = _FakeAutotuner(["x_ptr"])
+    k.reset_to_zero = ["x_ptr"]
+    fast = runtime.FastLaunch(k)
+    x = torch.zeros(8)
+    fast[(1,)](x)
+    fast[(1,)](x)
+    assert [e[0] for e in k.log] == ["triton", "triton"]
+
+    broken = _FakeJit(["x_ptr"])
+    broken.compiled = object()  # not a CompiledKernel: the fast path switches itself off
+    with pytest.warns(RuntimeWarning, match="fast kernel launches disabled"):
+        runtime.FastLaunch(broken)[(1,)](x)
+    assert runtime.FAST_LAUNCH is False

@@ -240,11 +240,133 @@ _direct = threading.local()
 
 def wrap_triton(kernel):
     """A kernel launch that ``torch.compile`` can trace. For direct eager calls, and where torch
-    has switched tracing off, it is the kernel itself: the traceable wrapper's dispatch costs
-    more than a small kernel runs."""
+    has switched tracing off, it is the kernel itself (through :class:`FastLaunch` on a GPU):
+    the traceable wrapper's dispatch costs more than a small kernel runs."""
     if getattr(_direct, "on", False) or not is_wrap_triton_enabled():
-        return kernel
+        return _fast_launcher(kernel) if FAST_LAUNCH else kernel
     return torch.library.wrap_triton(kernel)
+
+
+# --------------------------------------------------------------------------------------------
+# Launching a kernel again without Triton's per-launch Python.
+# --------------------------------------------------------------------------------------------
+#: ``TRITON_WORKSHOP_FAST_LAUNCH=0`` turns :class:`FastLaunch` off (every launch through Triton).
+FAST_LAUNCH = not INTERPRET and os.environ.get("TRITON_WORKSHOP_FAST_LAUNCH", "1") != "0"
+#: Launch keys remembered per kernel (a key per shape in practice).
+FAST_LAUNCH_CACHE_SIZE = 512
+
+
+class FastLaunch:
+    """``kernel[grid](*args, **kwargs)`` that remembers what Triton decided the first time.
+
+    Each launch through Triton binds and specialises every argument, looks the compiled kernel
+    up, and for autotuned kernels builds the tuning key, all in Python: 50-150 µs of CPU a launch
+    on the GPU machine's host, more than many of these kernels run. The first launch with a
+    given *launch key* goes through Triton as usual; the compiled kernel it used (and, for
+    autotuned kernels, the config it chose) is stored under that key, and later launches with
+    the same key call the compiled kernel directly.
+
+    The key is stricter than Triton's own specialisation, so it can never pick a kernel Triton
+    would not: every non-tensor argument by type and exact value, every tensor by dtype and
+    16-byte alignment of its data pointer (all Triton specialises a pointer on), the keyword
+    arguments (constexprs, launch options), the device, and the grid (a callable grid by its code
+    and the values it closes over). Kernels with tuning hooks (``reset_to_zero``,
+    ``restore_value``, pre-hooks) always take Triton's path. Any failure turns the fast path off
+    for the process, with a warning, and Triton's path takes over.
+    """
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        jit = kernel
+        while not hasattr(jit, "arg_names") or not hasattr(jit, "params"):
+            jit = jit.fn
+        self.arg_names = list(jit.arg_names)
+        self.defaults = {p.name: p.default for p in jit.params if p.has_default}
+        self.autotuned = hasattr(kernel, "configs")
+        self.cache: dict = {}
+        self.usable = not (self.autotuned and (
+            kernel.reset_to_zero or kernel.restore_value
+            or getattr(kernel, "user_defined_pre_hook", False)
+            or getattr(kernel, "post_hook", None) is not None
+            or any(c.pre_hook for c in kernel.configs)))
+
+    def __getitem__(self, grid):
+        return functools.partial(self._launch, grid)
+
+    @staticmethod
+    def _arg_key(a):
+        if isinstance(a, torch.Tensor):
+            return a.dtype, a.data_ptr() % 16 == 0
+        return type(a), a
+
+    def _launch(self, grid, *args, **kwargs):
+        global FAST_LAUNCH
+        if not (FAST_LAUNCH and self.usable):
+            return self.kernel[grid](*args, **kwargs)
+        try:
+            if callable(grid):
+                cells = grid.__closure__ or ()
+                grid_key = (grid.__code__, tuple(c.cell_contents for c in cells))
+            else:
+                grid_key = tuple(grid)
+            device = torch.cuda.current_device()
+            key = (grid_key, device, tuple(map(self._arg_key, args)), tuple(kwargs.items()))
+            entry = self.cache.get(key)
+        except TypeError:  # something unhashable: Triton's path
+            return self.kernel[grid](*args, **kwargs)
+        if entry is None:
+            if len(self.cache) >= FAST_LAUNCH_CACHE_SIZE:  # many shapes: start over, stay bounded
+                self.cache.clear()
+            compiled = self.kernel[grid](*args, **kwargs)
+            try:
+                self.cache[key] = self._entry(compiled, grid, args, kwargs)
+            except Exception as exc:  # noqa: BLE001 - any surprise: stop using the fast path
+                self._give_up(exc)
+            return compiled
+        compiled, grid3, extra = entry
+        values = dict(zip(self.arg_names, args))
+        values.update(kwargs)
+        values.update(extra)
+        try:
+            all_args = [values[n] if n in values else self.defaults[n] for n in self.arg_names]
+            compiled[grid3](*all_args, stream=torch._C._cuda_getCurrentRawStream(device))
+        except Exception as exc:  # noqa: BLE001
+            self._give_up(exc)
+            return self.kernel[grid](*args, **kwargs)
+        return compiled
+
+    def _entry(self, compiled, grid, args, kwargs):
+        """(compiled kernel, 3-d grid, constexprs the autotuner added) for a launch just made."""
+        if type(compiled).__name__ != "CompiledKernel":
+            raise TypeError(f"launch returned {type(compiled).__name__}, not a CompiledKernel")
+        extra = dict(self.kernel.best_config.all_kwargs()) if self.autotuned else {}
+        extra = {k: v for k, v in extra.items() if k in self.arg_names}
+        if callable(grid):
+            values = dict(zip(self.arg_names, args))
+            values.update(kwargs)
+            values.update(extra)
+            grid = grid({n: values.get(n, self.defaults.get(n)) for n in self.arg_names})
+        grid3 = (*grid, 1, 1)[:3]
+        return compiled, grid3, extra
+
+    @staticmethod
+    def _give_up(exc: BaseException) -> None:
+        global FAST_LAUNCH
+        FAST_LAUNCH = False
+        import warnings
+
+        warnings.warn(f"triton-workshop: fast kernel launches disabled ({type(exc).__name__}: {exc}); "
+                      "launching through Triton", RuntimeWarning, stacklevel=3)
+
+
+_FAST_LAUNCHERS: dict[int, FastLaunch] = {}
+
+
+def _fast_launcher(kernel) -> FastLaunch:
+    launcher = _FAST_LAUNCHERS.get(id(kernel))
+    if launcher is None or launcher.kernel is not kernel:
+        launcher = _FAST_LAUNCHERS[id(kernel)] = FastLaunch(kernel)
+    return launcher
 
 
 def _launch_directly(launcher: Callable) -> Callable:
