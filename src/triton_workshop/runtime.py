@@ -470,6 +470,10 @@ class RegisteredOp:
 
 _functorch_stack = getattr(torch._C._functorch, "peek_interpreter_stack", lambda: None)
 _dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
+# torch.jit.is_tracing() without its Python wrapper (checked after is_compiling(), which
+# torch.compile resolves to True before it could trace this call).
+_jit_tracing = getattr(torch._C, "_is_tracing", torch.jit.is_tracing)
+_Tensor = torch.Tensor
 
 
 def _eager_kind(args, kwargs) -> str:
@@ -477,14 +481,14 @@ def _eager_kind(args, kwargs) -> str:
     "other": torch.compile or jit tracing, a functorch transform (vmap, grad, jvp), a dispatch
     mode (make_fx, FakeTensorMode) or a tensor subclass, where only the dispatcher knows what to
     do."""
-    if (torch.compiler.is_compiling() or torch.jit.is_tracing()
-            or _functorch_stack() is not None or _dispatch_modes() > 0):
+    if (torch.compiler.is_compiling() or _jit_tracing()
+            or _dispatch_modes() or _functorch_stack() is not None):
         return "other"
     grad = torch.is_grad_enabled()
     kind = "plain"
-    for a in (*args, *kwargs.values()):
-        if isinstance(a, torch.Tensor):
-            if type(a) is not torch.Tensor:
+    for a in (*args, *kwargs.values()) if kwargs else args:
+        if isinstance(a, _Tensor):
+            if type(a) is not _Tensor:
                 return "other"
             if grad and a.requires_grad:
                 kind = "grad"
