@@ -260,6 +260,8 @@ def section_cpu():
         "matmul 1024^3": lambda: tw.matmul(a, a),
         "add 1024^2": lambda: tw.add(a, a),
     }
+    from triton_workshop import runtime
+
     n = 200
     for name, fn in cases.items():
         for _ in range(20):
@@ -282,6 +284,9 @@ def section_cpu():
         for (file, line, func), (cc, nc, tt, ct, _) in rows:
             where = f"{file.split('site-packages/')[-1].split('src/')[-1]}:{line}({func})"
             print(f"      {tt / n * 1e6:7.1f} own {ct / n * 1e6:7.1f} cum  ×{nc / n:<4g} {where[:110]}")
+    cached = {type(f.kernel).__name__ + ":" + getattr(getattr(f.kernel, "fn", f.kernel), "__name__", "?"):
+              len(f.cache) for f in runtime._FAST_LAUNCHERS.values()}
+    print(f"   fast launch: {'on' if runtime.FAST_LAUNCH else 'OFF'}; launch keys cached: {cached}")
 
 
 SECTIONS = {"softmax": section_softmax, "layer_norm": section_layer_norm, "conv": section_conv,
