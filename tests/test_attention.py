@@ -128,6 +128,22 @@ def test_matches_float64_reference(dtype, shape, causal):
     check_forward_backward(q, k, v, causal=causal, seed=seed_of(shape))
 
 
+# Every (BLOCK_M, BLOCK_N) of the dK/dV list: the interpreter otherwise runs only configs[0], and
+# the GPU's picks (128-key tiles at D = 128) must be right with keys that end mid-tile, fewer keys
+# than one tile, key tiles no query sees (causal, Nq < Nk), Nq != Nk both ways, and a group of
+# query heads summed into one K/V head.
+DKDV_TILES = sorted({(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) for c in DKDV_CONFIGS})
+
+
+@pytest.mark.parametrize("tile", DKDV_TILES, ids=lambda t: f"{t[0]}x{t[1]}")
+@pytest.mark.parametrize("n_q, n_k", [(150, 140), (40, 100)])
+def test_every_dkdv_tile_shape(tile, n_q, n_k, monkeypatch):
+    config = next(c for c in DKDV_CONFIGS if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) == tile)
+    monkeypatch.setattr(attention_module.attn_bwd_dkdv_kernel, "configs", [config])
+    q, k, v = make_qkv(1, 2, 1, n_q, n_k, 32, torch.float16, seed_of("dkdv", tile, n_q, n_k))
+    check_forward_backward(q, k, v, causal=True, seed=seed_of("dkdv", tile))
+
+
 @pytest.mark.parametrize("head_dim", [8, 16, 24, 32, 48, 64, 100])
 def test_head_dims(head_dim):
     # Non-powers of two are padded to the next power of two with masked loads and stores.

@@ -137,21 +137,29 @@ FWD_CONFIGS = [
 ]
 
 #: dK/dV: BLOCK_N keys stay resident (two fp32 accumulators), BLOCK_M query rows stream by
-#: (BLOCK_N a multiple of BLOCK_M). Narrow query tiles keep the recomputed Pᵀ and dPᵀ small:
-#: with BLOCK_M = 64 every config spilled registers on sm_90, so there are none.
+#: (BLOCK_N a multiple of BLOCK_M). The kernel's first two dots (Sᵀ = K Qᵀ, dPᵀ = V dOᵀ) have
+#: BLOCK_N rows, and an sm_90 warpgroup (4 warps) takes 64 of them per wgmma: with fewer than
+#: 16 rows a warp (BLOCK_N 64 on 8 warps) both warpgroups compute the *same* Sᵀ and dPᵀ, in
+#: n16 instructions, and do every exp twice (``_prune_dkdv`` drops those configs where others
+#: remain). So 64-key tiles take 4 warps and 128-key tiles 8; at D = 128, 2 x 128 x 128 fp32
+#: accumulators over 8 warps is 128 registers a thread, and only BLOCK_M <= 32 leaves room for
+#: the score tiles (BLOCK_M 64: spills, and ptxas serialises the wgmmas, warning C7515).
 DKDV_CONFIGS = [
+    # D <= 64 (64 fp32 accumulators a thread); also the interpreter's.
     _config(32, 64, 3, 4),
-    _config(32, 128, 3, 4),
-    _config(32, 128, 4, 8),
+    # D = 128 (fits with 8 warps, no spill: 255 registers at 2 stages, 4 bytes at 3).
+    _config(32, 128, 2, 8),
+    _config(32, 128, 3, 8),
+    _config(16, 128, 3, 8),
     _config(16, 64, 4, 4),
-    # D = 128: 2 x 64 x 128 fp32 accumulators need 8 warps.
-    _config(32, 64, 3, 8),
-    _config(16, 64, 3, 8),
-    _config(32, 64, 2, 8),
-    # D = 256: 2 x 32 x 256 fp32 accumulators over 8 warps (also the only tiles that fit shared
-    # memory in fp32).
+    # D <= 64: larger query tiles, deeper pipeline (at D = 128 the latter spills 96 bytes).
+    _config(64, 64, 2, 4),
+    _config(32, 128, 4, 8),
+    # D = 256 and fp32 (FMA dots: far more registers a tile): narrow key tiles; the first two are
+    # also the only tiles whose pipeline fits shared memory in fp32 at D = 256.
     _config(16, 32, 2, 8),
     _config(32, 32, 2, 8),
+    _config(16, 64, 2, 8),
 ]
 
 #: dQ: BLOCK_M query rows stay resident (one fp32 accumulator), BLOCK_N keys stream by
@@ -181,22 +189,34 @@ def _shared_memory_limit() -> int:
     return getattr(props, "shared_memory_per_block_optin", 227 * 1024)
 
 
-def _prune(configs, element_size, head_dim_pad, accumulator_rows, shared_rows):
+def _prune(
+    configs, element_size, head_dim_pad, accumulator_rows, shared_rows,
+    registers_fit=None, preferred=None,
+):  # fmt: skip
     """Keep the configs whose tiles fit shared memory and whose fp32 accumulators fit registers.
 
     ``accumulator_rows(c)``: rows (of ``head_dim_pad`` fp32) of accumulators a program keeps for
     its whole life; more than ``_MAX_ACC_PER_THREAD`` a thread and registers spill.
     ``shared_rows(c)``:
     rows (of ``head_dim_pad`` elements) of tiles in shared memory, all pipeline stages counted.
+    ``registers_fit(c)``, when given, replaces the accumulator rule with a kernel's own.
+    ``preferred(c)``, when given, narrows what fits to the configs it accepts, if any.
     """
     # 4 KB spare: the compiler adds a little (reduction scratch, barriers) to what the tiles need.
     limit = _shared_memory_limit() - 4096
-    kept = [
-        c
-        for c in configs
-        if accumulator_rows(c) * head_dim_pad <= _MAX_ACC_PER_THREAD * 32 * c.num_warps
-        and shared_rows(c) * head_dim_pad * element_size <= limit
-    ]
+
+    def fits(c):
+        if shared_rows(c) * head_dim_pad * element_size > limit:
+            return False
+        if registers_fit is not None:
+            return registers_fit(c)
+        return accumulator_rows(c) * head_dim_pad <= _MAX_ACC_PER_THREAD * 32 * c.num_warps
+
+    kept = [c for c in configs if fits(c)]
+    if preferred is not None:
+        best = [c for c in kept if preferred(c)]
+        if best:
+            return best
     if kept:
         return kept
     # Nothing fits comfortably (D = 256 in fp32): the smallest tiles spill least.
@@ -215,15 +235,42 @@ def _prune_fwd(configs, named_args, **kwargs):
     )
 
 
+#: dK/dV on the tensor cores (fp16/bf16): fp32 values a thread may hold, counting the dK and dV
+#: accumulators plus two BLOCK_M x BLOCK_N score tiles (Sᵀ/Pᵀ and dPᵀ/dSᵀ are live together),
+#: before ptxas spills on sm_90 (Triton 3.6). 8 warps: BLOCK_N 128, BLOCK_M 32, D 128 is 128 + 32
+#: (255 registers, no spill); BLOCK_M 64 (128 + 64) spills. 4 warps: BLOCK_N 64, D 128 with
+#: BLOCK_M 16 is 128 + 16 (no spill); BLOCK_M 32 (128 + 32) spills 76-144 bytes.
+_DKDV_MAX_LIVE_PER_THREAD = {4: 144, 8: 160}
+#: The same for fp32 inputs (IEEE FMA dots, no tensor cores): see ``_prune_dkdv``.
+_DKDV_MAX_FMA_PER_THREAD = 80
+
+
 def _prune_dkdv(configs, named_args, **kwargs):
     args = {**named_args, **kwargs}
+    head_dim_pad = args["HEAD_DIM_PAD"]
+    tensor_cores = args["q_ptr"].element_size() < 4  # fp32 dots are IEEE FMAs (_dot_args)
+
+    def registers_fit(c):
+        threads = 32 * c.num_warps
+        block_m, block_n = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]
+        if not tensor_cores:
+            # FMA dots keep their operands in registers too: K and V beside dK and dV, and the
+            # Q and dO tiles (fp32, D = 128: BLOCK 16 x 32 on 8 warps is 80, no spill; 32 x 32,
+            # 96, spills 532 bytes; D = 64: 16 x 64 on 4 warps, 144, spills).
+            return (4 * block_n + 2 * block_m) * head_dim_pad / threads <= _DKDV_MAX_FMA_PER_THREAD
+        live = (2 * block_n * head_dim_pad + 2 * block_m * block_n) / threads
+        return live <= _DKDV_MAX_LIVE_PER_THREAD.get(c.num_warps, 128)
+
     return _prune(
         configs,
         args["q_ptr"].element_size(),
-        args["HEAD_DIM_PAD"],
+        head_dim_pad,
         accumulator_rows=lambda c: 2 * c.kwargs["BLOCK_N"],  # dk and dv
         # K and V once; one Q and one dO tile per stage.
         shared_rows=lambda c: 2 * c.kwargs["BLOCK_N"] + 2 * c.num_stages * c.kwargs["BLOCK_M"],
+        registers_fit=registers_fit,
+        # Every warp owns 16 distinct key rows of the Sᵀ and dPᵀ wgmmas (see DKDV_CONFIGS).
+        preferred=(lambda c: c.kwargs["BLOCK_N"] >= 16 * c.num_warps) if tensor_cores else None,
     )
 
 
@@ -856,9 +903,12 @@ def _attention_setup_context(ctx, inputs, output):
     ctx.causal = causal
     ctx.scale = scale
     ctx.mark_non_differentiable(lse)
+    ctx.set_materialize_grads(False)  # no zero-filled gradient for lse, which is never used
 
 
 def _attention_backward(ctx, grad_out, grad_lse):
+    if grad_out is None:  # the output did not reach the loss
+        return None, None, None, None, None
     q, k, v, out, lse = ctx.saved_tensors
     dq, dk, dv = attention_backward(grad_out, q, k, v, out, lse, ctx.causal, ctx.scale)
     return dq, dk, dv, None, None
