@@ -165,10 +165,127 @@ def test_tf32_path_centres_a():
 
 
 # ---------------------------------------------------------------------------------------------
+# The folding kernel: W' = W * ln_weight, c1 = sum_k W', c2 = W @ ln_bias + bias, in one launch.
+# ---------------------------------------------------------------------------------------------
+def fold(w, g, b, bias):
+    """The launcher's folding, unpacked: (W', c1, c2)."""
+    w_prime, sums = lnl_module._fold_weights(w, g, b, bias)
+    n = w.shape[0]
+    assert sums.dtype == torch.float32 and sums.shape == (2 * n,)
+    return w_prime, sums[:n], sums[n:]
+
+
+def check_fold(w, g, b, bias):
+    """W' bit for bit as torch rounds ``W·g`` (fp32 product, one rounding to W's dtype), in the
+    main kernel's layout; c1 and c2 against float64 sums of the same values, within fp32
+    summation error."""
+    w_prime, c1, c2 = fold(w, g, b, bias)
+    want = w if g is None else (w.float() * g.float()).to(w.dtype)
+    assert w_prime.dtype == w.dtype and w_prime.shape == w.shape
+    if triton_workshop.INTERPRET and w.dtype == torch.bfloat16 and g is not None:
+        # Triton's interpreter truncates fp32 -> bf16 (the GPU rounds to nearest even): one ulp.
+        torch.testing.assert_close(w_prime, want, rtol=2**-7, atol=0)
+    else:
+        assert torch.equal(w_prime, want)
+    # K contiguous, rows 16-element aligned (what lets Triton issue 16-byte loads of B).
+    assert lnl_module._operand_ready(w_prime)
+    # c1 sums the *rounded* W' (what the tensor cores multiply), not the exact W·g.
+    terms1 = w_prime.double()
+    terms2 = w.double() * (b.double() if b is not None else 0.0)
+    ref1 = terms1.sum(1)
+    ref2 = terms2.sum(1) + (bias.double() if bias is not None else 0.0)
+    scale1 = terms1.abs().sum(1) + 1e-30
+    scale2 = terms2.abs().sum(1) + (bias.double().abs() if bias is not None else 0.0) + 1e-30
+    # ~16 fp32 ulps of the sum of magnitudes: above the summation's own error (a few chunks
+    # added in order, then a tree), below the gap to a c1 summed from the unrounded W·g.
+    assert ((c1.double() - ref1).abs() / scale1).max() <= 1e-6
+    assert ((c2.double() - ref2).abs() / scale2).max() <= 1e-6
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("N, K", [(1, 1), (5, 7), (67, 1000), (130, 513), (9, 16)], ids=str)
+def test_fold_weights_kernel(N, K, dtype):
+    # Ragged N and K: rows past N, columns past K (chunks of FOLD_CHUNK_COLS = 256), padded rows.
+    _, g, b, w, bias = make_inputs((1,), K, N, dtype)
+    check_fold(w, g, b, bias)
+
+
+@pytest.mark.parametrize(
+    "ln_weight, ln_bias, bias",
+    [(False, False, False), (True, False, False), (False, True, True), (True, True, False)],
+    ids=["none", "weight_only", "ln_bias+bias", "no_linear_bias"],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_fold_weights_optional_parameters(ln_weight, ln_bias, bias, dtype):
+    flags = dict(ln_weight=ln_weight, ln_bias=ln_bias, bias=bias)
+    _, g, b, w, bias_t = make_inputs((1,), 45, 11, dtype, **flags)
+    check_fold(w, g, b, bias_t)
+
+
+def test_fold_weights_parameter_dtypes_and_strides():
+    # fp16 weight with fp32 / fp64 / bf16 parameters, and parameters read through a stride.
+    _, g, b, w, bias = make_inputs((1,), 40, 13, torch.float16)
+    check_fold(w, g.float(), b.double(), bias.to(torch.bfloat16))
+    g2 = rand(80, dtype=torch.float64, seed=7, scale=0.3, shift=1.0)[::2]
+    b3 = rand(120, dtype=torch.float32, seed=8)[::3]
+    check_fold(w, g2, b3, bias)
+    check_fold(w.float(), g2, b3, bias.double())
+
+
+def test_fold_weights_layouts():
+    """Without ln_weight W' = W: a weight already in the main kernel's layout is used as it is
+    (nothing written); a transposed or misaligned one is copied once into that layout."""
+    _, _, b, w, bias = make_inputs((1,), 64, 24, torch.float16)
+    w_prime, _, _ = fold(w, None, b, bias)
+    assert w_prime is w
+    for odd in (
+        w.t().contiguous().t(),  # N contiguous
+        rand(24, 70, dtype=torch.float16, seed=6)[:, :64],  # rows 70 elements apart
+        rand(24 * 64 + 3, dtype=torch.float16, seed=6)[3:].view(24, 64),  # misaligned start
+    ):
+        w_prime, _, _ = fold(odd, None, b, bias)
+        assert w_prime.data_ptr() != odd.data_ptr()
+        check_fold(odd, None, b, bias)
+        check_fold(odd, rand(64, dtype=torch.float16, seed=2, shift=1.0), b, bias)
+
+
+def test_fold_weights_more_chunks(monkeypatch):
+    # Several column chunks per row and a ragged last one, at a small size.
+    monkeypatch.setattr(lnl_module, "FOLD_CHUNK_COLS", 16)
+    _, g, b, w, bias = make_inputs((1,), 100, 19, torch.float16)
+    check_fold(w, g, b, bias)
+    check(*make_inputs((23,), 100, 19, torch.float16))
+
+
+def test_fold_weights_empty_k():
+    w = torch.empty(6, 0, device=DEVICE)
+    bias = rand(6, seed=5)
+    _, c1, c2 = fold(w, torch.empty(0, device=DEVICE), torch.empty(0, device=DEVICE), bias)
+    assert torch.equal(c1, torch.zeros_like(c1)) and torch.equal(c2, bias)
+
+
+def test_forward_is_three_launches(monkeypatch):
+    """Row statistics, folding, the matmul: nothing else runs per call (the folding used to be
+    a dozen torch kernels)."""
+    launched = []
+    real = lnl_module.wrap_triton
+
+    def spy(kernel):
+        launched.append(getattr(kernel, "fn", kernel).__name__)
+        return real(kernel)
+
+    monkeypatch.setattr(lnl_module, "wrap_triton", spy)
+    layer_norm_linear(*make_inputs((2, 5), 24, 10, torch.float16))
+    assert launched == ["row_stats_kernel", "fold_weights_kernel", "layer_norm_linear_kernel"]
+
+
+# ---------------------------------------------------------------------------------------------
 # Empty inputs and bad inputs.
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
-    "lead, K, N", [((0,), 8, 4), ((5,), 8, 0), ((5,), 0, 4), ((2, 0), 8, 4)], ids=str
+    "lead, K, N",
+    [((0,), 8, 4), ((5,), 8, 0), ((5,), 0, 4), ((2, 0), 8, 4), ((2, 3), 0, 4)],
+    ids=str,
 )
 def test_empty(lead, K, N):
     inputs = make_inputs(lead, K, N, torch.float32)

@@ -24,12 +24,16 @@ With ``xhat = (x - mean) * rstd`` per row, ``g = ln_weight``, ``b = ln_bias``::
     c1[n]   = Σ_k W'[n,k]              (fp32, summed from the *rounded* W')
     c2[n]   = Σ_k W[n,k] b[k] + bias[n] (fp32)
 
-So: one small kernel computes ``mean`` and ``rstd`` per row (8 bytes a row), then an unchanged
-tensor-core matmul ``x @ W'ᵀ`` runs, and its epilogue applies one row vector pair and two column
-vectors to the fp32 accumulator before the single store. ``W'``, ``c1`` and ``c2`` are weight-sized
-and recomputed per call with plain torch ops (about three passes over N x K elements, against the
-two passes over M x K that fusion saves: a win whenever M is larger than about N; in decoding with
-a handful of rows it is not, and the unfused pair is as good).
+So a call is three launches: ``row_stats_kernel`` computes ``mean`` and ``rstd`` per row (one read
+of ``x``, 8 bytes a row written); ``fold_weights_kernel`` reads ``W`` once and writes ``W'`` (K
+contiguous, the layout the matmul reads in place) with ``c1`` and ``c2`` beside it; then an
+unchanged tensor-core matmul ``x @ W'ᵀ`` runs, and its epilogue applies one row vector pair and
+two column vectors to the fp32 accumulator before the single store. The folding is recomputed
+every call (the weights may have changed since the last one): one read and one write of N x K
+elements, against the write and read of M x K that fusion saves, so a win whenever M is larger
+than about N; in decoding with a handful of rows it is not, and the unfused pair is as good.
+Without ``ln_weight``, ``W' = W`` and nothing is written unless ``W`` is not already in that
+layout (K contiguous, rows 16-element aligned).
 
 **Numerics.** The form subtracts two large numbers when ``|mean| >> std``: ``Σ x W'`` and
 ``mean · c1`` both scale with ``|mean|`` while their difference scales with ``std``. What makes it
@@ -39,7 +43,9 @@ the accumulator. Each of the K additions rounds a partial sum of size ~``|mean|�
 ``u = 2⁻²⁴``; those errors add up like a random walk, to ~``u·K·|mean|·|w|``, against an output of
 size ~``std·√K·|w|``: a relative error of about ``2⁻²⁴ · √K · |mean| / std``. At mean 50, std 1,
 K = 1024 that is ~1e-4, below fp16's own output rounding (2⁻¹¹ ≈ 5e-4); ``test_large_mean``
-checks it. (fp32 products round too, which adds a term of the same size.) The error of rounding
+checks it. (fp32 products round too, which adds a term of the same size; so does the fp32 sum
+that makes ``c1``, which ``fold_weights_kernel`` takes over the very values it stores, rounded
+and widened back, in running tiles and then a tree.) The error of rounding
 ``W'`` to fp16/bf16 is *not* amplified (``c1`` absorbs it) and is the same as rounding the
 normalised activations to fp16 in the unfused pair. Both points matter; a float64 emulation at
 fp16, K = 1024, mean 50, std 1 gives a relative error of 1.8e-4 with ``c1`` summed from the
@@ -78,13 +84,22 @@ import triton.language as tl
 from .. import runtime
 from ..runtime import FLOAT_DTYPES, register_op, row_tile, wrap_triton
 from .layer_norm import layer_norm_backward
-from .matmul import CONFIGS, grouped_tile, matmul, prune_configs, tf32_enabled
+from .matmul import CONFIGS as MATMUL_CONFIGS
+from .matmul import grouped_tile, matmul, prune_configs, tf32_enabled
 
 _PARAM_DTYPES = FLOAT_DTYPES + (torch.float64,)
 #: Columns a step of the statistics kernel reads per row; longer rows are merged chunk by chunk.
-STATS_CHUNK_COLS = 1024
+#: Whole rows up to 8192 (one load a row, the most memory parallelism; 16 values a thread).
+STATS_CHUNK_COLS = 8192
 #: Elements a statistics program aims to hold (short rows are packed several to a program).
 STATS_TILE_ELEMS = 4096
+#: The folding kernel's step: columns of a weight row (its running sums are tiles of this width)
+#: and elements (rows per program = elements / columns), pipelined ``FOLD_STAGES`` deep. From an
+#: offline sm_90 compile: 8 x 256 tiles, 8 warps, 56 registers, 9 KB of shared memory, so four
+#: programs an SM, 32 KB of fp16 loads in flight an SM, and N = 4096 rows in one wave of programs.
+FOLD_CHUNK_COLS = 256
+FOLD_TILE_ELEMS = 2048
+FOLD_STAGES = 3
 
 
 # --------------------------------------------------------------------------------------------
@@ -122,6 +137,81 @@ def row_stats_kernel(
     tl.store(rstd_ptr + rows, 1.0 / tl.sqrt(m2 / n_cols + eps), mask=row_mask)
 
 
+@triton.jit
+def fold_weights_kernel(
+    w_ptr, g_ptr, b_ptr, bias_ptr, w_out_ptr, sums_ptr,
+    n_rows, n_cols,
+    stride_wn, stride_wk, stride_g, stride_b, stride_bias, stride_out,
+    HAS_G: tl.constexpr, HAS_B: tl.constexpr, HAS_BIAS: tl.constexpr, WRITE_W: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
+):  # fmt: skip
+    """Everything the epilogue form needs from the weights, in one read of ``W`` (N x K):
+
+    * ``W'[n, k] = W[n, k] · g[k]``, rounded to ``w_out_ptr``'s dtype and stored with K
+      contiguous (the main kernel's B operand, read in place); skipped when ``WRITE_W`` is off
+      (no ``g``, and ``W`` already K-contiguous with aligned rows: then ``W' = W``);
+    * ``c1[n] = Σ_k W'[n, k]`` in fp32, summed from the *rounded* values just stored, so that
+      ``mean · c1`` matches what the tensor cores multiply (module docstring, "Numerics");
+    * ``c2[n] = Σ_k W[n, k] · b[k] + bias[n]`` in fp32, from the unrounded ``W``.
+
+    ``c1`` goes to ``sums_ptr[0:n_rows]``, ``c2`` to ``sums_ptr[n_rows:2 n_rows]``. The running
+    sums are kept as whole ``ROWS x BLOCK_K`` tiles and reduced once after the loop: a reduction
+    every step would cross threads (shuffles, shared memory) inside the loop."""
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    row_mask = rows < n_rows
+    c1_acc = tl.zeros([ROWS, BLOCK_K], dtype=tl.float32)
+    c2_acc = tl.zeros([ROWS, BLOCK_K], dtype=tl.float32)
+    # Software-pipelined: the loads of the next STAGES - 1 steps are in flight while this one
+    # computes (a memory-bound loop needs bytes in flight, not arithmetic).
+    for start in tl.range(0, n_cols, BLOCK_K, num_stages=STAGES):
+        cols = start + tl.arange(0, BLOCK_K)
+        col_mask = cols < n_cols
+        mask = row_mask[:, None] & col_mask[None, :]
+        # other=0 past the edges: a zero weight adds nothing to c1 or c2.
+        w = tl.load(w_ptr + rows[:, None] * stride_wn + cols[None, :] * stride_wk,
+                    mask=mask, other=0.0)  # fmt: skip
+        if HAS_G:
+            g = tl.load(g_ptr + cols * stride_g, mask=col_mask, other=0.0).to(tl.float32)
+            # fp32 product, then one rounding to the operand dtype (exact for fp16/bf16 g:
+            # an 11-bit by 11-bit product fits fp32's 24 bits).
+            w_folded = (w.to(tl.float32) * g[None, :]).to(w_out_ptr.dtype.element_ty)
+        else:
+            w_folded = w
+        if WRITE_W:
+            tl.store(w_out_ptr + rows[:, None] * stride_out + cols[None, :], w_folded, mask=mask)
+        c1_acc += w_folded.to(tl.float32)
+        if HAS_B:
+            b = tl.load(b_ptr + cols * stride_b, mask=col_mask, other=0.0).to(tl.float32)
+            c2_acc += w.to(tl.float32) * b[None, :]
+    c1 = tl.sum(c1_acc, axis=1)
+    c2 = tl.sum(c2_acc, axis=1)
+    if HAS_BIAS:
+        c2 += tl.load(bias_ptr + rows * stride_bias, mask=row_mask, other=0.0).to(tl.float32)
+    tl.store(sums_ptr + rows, c1, mask=row_mask)
+    tl.store(sums_ptr + n_rows + rows, c2, mask=row_mask)
+
+
+def _lnl_config(bm, bn, bk, stages, warps, group_m=8):
+    return triton.Config(
+        {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group_m},
+        num_stages=stages,
+        num_warps=warps,
+    )
+
+
+#: The main kernel's configs: matmul's list (configs[0] is the interpreter's and the fallback)
+#: and three more fp16/bf16 candidates for large problems. An offline sm_90 compile (Triton 3.9)
+#: of each with the epilogue: no register spills, shared memory within the H100's 227 KB
+#: (128x256x64 with 4 stages: 192 KB, 178 registers a thread).
+CONFIGS = list(MATMUL_CONFIGS) + [
+    _lnl_config(128, 256, 64, 4, 8),
+    _lnl_config(128, 256, 64, 3, 8, group_m=16),
+    # 96 KB of shared memory and 176 registers x 128 threads: two programs fit on one SM, so one
+    # program's epilogue and pipeline fill overlap the other's main loop.
+    _lnl_config(128, 128, 64, 3, 4),
+]
+
+
 @runtime.autotune(
     configs=CONFIGS,
     key=["M_BUCKET", "N_BUCKET", "K_BUCKET", "INPUT_PRECISION"],
@@ -129,7 +219,7 @@ def row_stats_kernel(
 )
 @triton.jit(do_not_specialize=["M_BUCKET", "N_BUCKET", "K_BUCKET"])
 def layer_norm_linear_kernel(
-    a_ptr, b_ptr, c_ptr, mean_ptr, rstd_ptr, c1_ptr, c2_ptr,
+    a_ptr, b_ptr, c_ptr, mean_ptr, rstd_ptr, sums_ptr,
     M, N, K,
     stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
     M_BUCKET, N_BUCKET, K_BUCKET,
@@ -140,8 +230,9 @@ def layer_norm_linear_kernel(
     GROUP_M: tl.constexpr,
 ):  # fmt: skip
     """``matmul_kernel``'s main loop (2-D, grouped ordering) with the LayerNorm epilogue
-    ``rstd·acc − rstd·mean·c1 + c2`` (see the module docstring); ``CENTRE_A`` (TF32 only)
-    subtracts ``mean`` from the A tile instead of ``mean·c1`` from the result."""
+    ``rstd·acc − rstd·mean·c1 + c2`` (see the module docstring); ``c1`` and ``c2`` are
+    ``sums_ptr[0:N]`` and ``sums_ptr[N:2N]`` (from :func:`fold_weights_kernel`). ``CENTRE_A``
+    (TF32 only) subtracts ``mean`` from the A tile instead of ``mean·c1`` from the result."""
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -152,12 +243,11 @@ def layer_norm_linear_kernel(
     offs_k = tl.arange(0, BLOCK_K).to(tl.int64)
     mask_m = offs_m < M
     mask_n = offs_n < N
-    # Rows past M read mean 0, rstd 0: their results are never stored.
-    mean = tl.load(mean_ptr + offs_m, mask=mask_m, other=0.0)
-    rstd = tl.load(rstd_ptr + offs_m, mask=mask_m, other=0.0)
 
     a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
     b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
+    if CENTRE_A:
+        mean_a = tl.load(mean_ptr + offs_m, mask=mask_m, other=0.0)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
         # other=0 on the K tail: zeros add nothing, so a ragged K needs no separate path.
@@ -166,7 +256,7 @@ def layer_norm_linear_kernel(
         b = tl.load(b_ptrs, mask=(offs_k[:, None] < k_left) & mask_n[None, :], other=0.0)
         if CENTRE_A:
             # fp32 only. A's K tail becomes -mean here, but B's tail is 0: still adds nothing.
-            a = a - mean[:, None]
+            a = a - mean_a[:, None]
         if DOT_IN_FP32:
             # Interpreter only (its bf16 dots are wrong); the GPU keeps native bf16 tensor cores.
             a = a.to(tl.float32)
@@ -175,12 +265,16 @@ def layer_norm_linear_kernel(
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
 
-    # Epilogue on the fp32 accumulator, before the one rounding to the output dtype.
-    c2 = tl.load(c2_ptr + offs_n, mask=mask_n, other=0.0)
+    # Epilogue on the fp32 accumulator, before the one rounding to the output dtype. The row
+    # and column vectors are loaded only now, so they hold no registers during the main loop.
+    # Rows past M read rstd 0: their results are never stored.
+    rstd = tl.load(rstd_ptr + offs_m, mask=mask_m, other=0.0)
+    c2 = tl.load(sums_ptr + N + offs_n, mask=mask_n, other=0.0)
     if CENTRE_A:
         acc = acc * rstd[:, None] + c2[None, :]
     else:
-        c1 = tl.load(c1_ptr + offs_n, mask=mask_n, other=0.0)
+        mean = tl.load(mean_ptr + offs_m, mask=mask_m, other=0.0)
+        c1 = tl.load(sums_ptr + offs_n, mask=mask_n, other=0.0)
         acc = acc * rstd[:, None] - (rstd * mean)[:, None] * c1[None, :] + c2[None, :]
     c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
@@ -193,38 +287,75 @@ def _n_rows(x: torch.Tensor) -> int:
     return math.prod(x.shape[:-1])
 
 
-def _row_stats(x2d: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 ``(mean, rstd)`` of each row of ``x2d``: 8 bytes a row, all the forward keeps."""
+def _concrete(n, bound: int) -> int:
+    """``n``, or ``bound`` when it is symbolic (torch.compile with dynamic shapes): a row count
+    that only caps a tile size must not make a constexpr symbolic (or add a guard)."""
+    return n if type(n) is int else bound
+
+
+def _row_stats(x2d: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor, eps: float) -> None:
+    """Fill fp32 ``mean`` and ``rstd`` of each row of ``x2d`` (8 bytes a row: all the forward
+    keeps). ``n_rows`` > 0."""
     n_rows, n_cols = x2d.shape
-    mean = x2d.new_empty(n_rows, dtype=torch.float32)
-    rstd = x2d.new_empty(n_rows, dtype=torch.float32)
-    if n_rows == 0:
-        return mean, rstd
     if n_cols == 0:  # statistics of nothing, as PyTorch's layer_norm: NaN
-        return mean.fill_(math.nan), rstd.fill_(math.nan)
-    tile = row_tile(min(n_cols, STATS_CHUNK_COLS), n_rows,
+        mean.fill_(math.nan)
+        rstd.fill_(math.nan)
+        return
+    tile = row_tile(min(n_cols, STATS_CHUNK_COLS), _concrete(n_rows, 64),
                     tile_elems=STATS_TILE_ELEMS, max_rows=64)  # fmt: skip
-    wrap_triton(row_stats_kernel)[(triton.cdiv(n_rows, tile.rows),)](
-        x2d, mean, rstd, n_rows, n_cols, x2d.stride(0), x2d.stride(1), eps,
+    wrap_triton(row_stats_kernel)[(runtime.cdiv(n_rows, tile.rows),)](
+        x2d, mean, rstd, n_rows, n_cols, *x2d.stride(), eps,
         ROWS=tile.rows, BLOCK_K=tile.block_cols, num_warps=tile.num_warps,
     )  # fmt: skip
-    return mean, rstd
 
 
-def _folded_weights(weight, ln_weight, ln_bias, bias, dtype):
-    """``W' = W·g`` rounded to ``dtype``, ``c1 = Σ_k W'`` from that rounded ``W'`` (so the mean
-    term cancels against what the matmul really multiplies), ``c2 = W b + bias``; c1, c2 fp32."""
-    if ln_weight is None:
-        w_prime = weight
+def _operand_ready(w: torch.Tensor) -> bool:
+    """Whether ``w`` (N, K) can be the main kernel's B operand as it is: K contiguous, and rows
+    a multiple of 16 elements apart. Triton marks an integer argument divisible by 16 (the
+    value, not bytes), and only from that can it prove that every row starts 16-byte aligned
+    and issue 16-byte loads. Strides, not data_ptr(): fake tensors under torch.compile have no
+    data, and PyTorch's allocators align storage to far more than 16 bytes."""
+    (rows, cols), (stride_n, stride_k) = w.shape, w.stride()
+    return (
+        (stride_k == 1 or cols <= 1)
+        and (stride_n % 16 == 0 or rows <= 1)
+        and w.storage_offset() % 16 == 0
+    )
+
+
+def _fold_weights(weight, ln_weight, ln_bias, bias):
+    """``(w_prime, sums)`` from one launch of :func:`fold_weights_kernel`: ``w_prime`` (N, K) in
+    weight's dtype with K contiguous and rows padded to 16 elements (``weight`` itself when there
+    is no ``ln_weight`` and it is already in that form: nothing is written then), and ``sums``
+    (2N,) fp32 = ``[c1, c2]``. N > 0."""
+    N, K = weight.shape
+    sums = weight.new_empty(2 * N, dtype=torch.float32)
+    write = ln_weight is not None or not _operand_ready(weight)
+    if write and K % 16 == 0:
+        w_prime = weight.new_empty(N, K)
+    elif write:
+        w_prime = weight.new_empty(N, runtime.cdiv(K, 16) * 16)[:, :K]  # padding never read
     else:
-        w_prime = (weight.float() * ln_weight.float()).to(dtype)
-    c1 = w_prime.sum(dim=1, dtype=torch.float32)
-    c2 = weight.new_zeros(weight.shape[0], dtype=torch.float32)
-    if ln_bias is not None:
-        c2 += torch.mv(weight.float(), ln_bias.float())
-    if bias is not None:
-        c2 += bias.float()
-    return w_prime, c1, c2
+        w_prime = weight
+    tile = row_tile(min(max(K, 1), FOLD_CHUNK_COLS), _concrete(N, 64),
+                    tile_elems=FOLD_TILE_ELEMS, max_rows=64)  # fmt: skip
+    wrap_triton(fold_weights_kernel)[(runtime.cdiv(N, tile.rows),)](
+        weight,
+        ln_weight if ln_weight is not None else sums,  # never read when its flag is off
+        ln_bias if ln_bias is not None else sums,
+        bias if bias is not None else sums,
+        w_prime, sums,
+        N, K,
+        *weight.stride(),
+        ln_weight.stride(0) if ln_weight is not None else 0,
+        ln_bias.stride(0) if ln_bias is not None else 0,
+        bias.stride(0) if bias is not None else 0,
+        w_prime.stride(0),
+        HAS_G=ln_weight is not None, HAS_B=ln_bias is not None, HAS_BIAS=bias is not None,
+        WRITE_W=write,
+        ROWS=tile.rows, BLOCK_K=tile.block_cols, STAGES=FOLD_STAGES, num_warps=tile.num_warps,
+    )  # fmt: skip
+    return w_prime, sums
 
 
 def _input_precision(dtype: torch.dtype) -> str:
@@ -233,7 +364,7 @@ def _input_precision(dtype: torch.dtype) -> str:
 
 
 def _bucket(n) -> int:
-    return triton.next_power_of_2(n) if isinstance(n, int) else n  # symbolic under compile
+    return runtime.next_power_of_2(n)  # symbolic sizes under compile pass through Triton's
 
 
 def _forward_fake(x, ln_weight, ln_bias, weight, bias, eps):
@@ -257,31 +388,37 @@ def layer_norm_linear_forward(
     bias: Optional[torch.Tensor],
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(out, mean, rstd)``: out (..., N) in x's dtype; mean and rstd fp32, one per row."""
+    """``(out, mean, rstd)``: out (..., N) in x's dtype; mean and rstd fp32, one per row.
+
+    Three launches: row statistics, weight folding, the matmul with the epilogue. The launcher
+    runs on every call, so it keeps to sizes and strides (no views it can avoid, no torch ops
+    besides the allocations)."""
     K, N = x.shape[-1], weight.shape[0]
     M = _n_rows(x)
-    x2d = x.reshape(M, K)  # a view unless the leading dims cannot be merged
-    out = x.new_empty(*x.shape[:-1], N)
+    x2d = x if x.dim() == 2 else x.reshape(M, K)  # a view unless the leading dims cannot merge
+    out = x.new_empty(*x.shape[:-1], N)  # contiguous: (M, N) with strides (N, 1)
+    mean = x.new_empty(M, dtype=torch.float32)
+    rstd = x.new_empty(M, dtype=torch.float32)
+    if M == 0:
+        return out, mean, rstd
     with runtime.device_guard(x):
-        mean, rstd = _row_stats(x2d, eps)
-        if M == 0 or N == 0:
+        _row_stats(x2d, mean, rstd, eps)
+        if N == 0:
             return out, mean, rstd
-        w_prime, c1, c2 = _folded_weights(weight, ln_weight, ln_bias, bias, x.dtype)
+        w_prime, sums = _fold_weights(weight, ln_weight, ln_bias, bias)
         if K == 0:  # an empty sum: only the bias is left
-            out.copy_(c2.expand(out.shape))
+            out.copy_(sums[N:].expand(out.shape))
             return out, mean, rstd
-        out2d = out.view(M, N)
-        b = w_prime.t()  # (K, N), K-major, read in place
         precision = _input_precision(x.dtype)
 
         def grid(meta):
-            return (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
+            return (runtime.cdiv(M, meta["BLOCK_M"]) * runtime.cdiv(N, meta["BLOCK_N"]),)
 
+        # B = W'ᵀ (K, N), read in place through swapped strides: K-major, as W' is stored.
         wrap_triton(layer_norm_linear_kernel)[grid](
-            x2d, b, out2d, mean, rstd, c1, c2,
+            x2d, w_prime, out, mean, rstd, sums,
             M, N, K,
-            x2d.stride(0), x2d.stride(1), b.stride(0), b.stride(1),
-            out2d.stride(0), out2d.stride(1),
+            *x2d.stride(), *reversed(w_prime.stride()), N, 1,
             _bucket(M), _bucket(N), _bucket(K),
             CENTRE_A=precision == "tf32",
             INPUT_PRECISION=precision,
