@@ -169,20 +169,120 @@ def test_channels_last(name, shape, kwargs, dtype):
     check(out, reference(x, w, b, **kwargs), dtype)
 
 
-def test_strided_view_input():
-    """A non-contiguous view (every other column, a channel slice) is read in place."""
+@pytest.mark.parametrize("via_channels_last", [True, False], ids=["via-nhwc", "in-place"])
+@pytest.mark.parametrize("columns", [slice(None, None, 2), slice(3, 15)], ids=["stepped", "sliced"])
+def test_strided_view_input(columns, via_channels_last, monkeypatch):
+    """A non-contiguous view (a channel slice; every other column, where H and W still merge into
+    one run of pixels, or a column slice, where they do not) is read in place or converted."""
+    monkeypatch.setattr(conv_module, "NCHW_VIA_CHANNELS_LAST", via_channels_last)
     x, w, b = make(2, 8, 12, 12, 8, 3, 3, seed=11)
     big = randn((2, 12, 12, 24), seed=12)
-    view = big[:, 2:10, :, ::2]
+    view = big[:, 2:10, :, columns]
     assert not view.is_contiguous()
-    check(conv2d(view, w, b, padding=1), reference(view, w, b, padding=1), torch.float32)
+    out = conv2d(view, w, b, padding=1)
+    check(out, reference(view, w, b, padding=1), torch.float32)
+    assert out.is_contiguous()
 
 
-def test_channel_tiled_weight_layout():
-    """The weight's own memory format does not matter (the launcher permutes a copy)."""
+@pytest.mark.parametrize(
+    "make_weight",
+    [
+        lambda w: w.to(memory_format=torch.channels_last),
+        lambda w: w,
+        lambda w: torch.stack([w, w], dim=2).flatten(1, 2)[:, ::2],  # neither layout
+    ],
+    ids=["channels-last", "contiguous", "strided"],
+)
+def test_channel_tiled_weight_layout(make_weight):
+    """Any weight layout: channels-last is read in place, anything else copied to it."""
     x, w, b = make(1, 32, 6, 6, 8, 3, 3, seed=13)
+    check(conv2d(x, make_weight(w), b, padding=1), reference(x, w, b, padding=1), torch.float32)
+
+
+def test_strided_bias():
+    x, w, _ = make(2, 8, 7, 7, 6, 3, 3, bias=False, seed=23)
+    b = randn((12,), seed=24)[::2]
+    assert b.stride(0) == 2
+    check(conv2d(x, w, b, padding=1), reference(x, w, b, padding=1), torch.float32)
+
+
+class LaunchRecorder:
+    """Stands in for conv.wrap_triton: records each launch's kernel, arguments and constexprs,
+    then launches it for real."""
+
+    def __init__(self, real):
+        self.real = real
+        self.launches = []
+
+    def __call__(self, kernel):
+        recorder = self
+
+        class Launch:
+            def __getitem__(self, grid):
+                def launch(*args, **kwargs):
+                    recorder.launches.append((kernel, args, kwargs))
+                    return recorder.real(kernel)[grid](*args, **kwargs)
+
+                return launch
+
+        return Launch()
+
+
+def test_nchw_output_written_by_the_kernel(monkeypatch):
+    """NCHW on the GPU path: x goes to channels-last, the kernel writes the NCHW result itself
+    (the tensor returned is the one the kernel wrote: no copy back) and reads a channels-last
+    weight in place."""
+    monkeypatch.setattr(conv_module, "NCHW_VIA_CHANNELS_LAST", True)
+    recorder = LaunchRecorder(conv_module.wrap_triton)
+    monkeypatch.setattr(conv_module, "wrap_triton", recorder)
+    x, w, b = make(2, 64, 4, 8, 8, 3, 3, seed=25)  # OH * OW = 32: whole 16-pixel runs
     w_cl = w.to(memory_format=torch.channels_last)
-    check(conv2d(x, w_cl, b, padding=1), reference(x, w, b, padding=1), torch.float32)
+    out = conv2d(x, w_cl, b, padding=1)
+    check(out, reference(x, w, b, padding=1), torch.float32)
+    assert out.is_contiguous()
+    [(kernel, args, kwargs)] = recorder.launches
+    assert kernel is conv_module.conv2d_implicit_gemm_kernel
+    assert args[0].is_contiguous(memory_format=torch.channels_last)
+    assert args[1].data_ptr() == w_cl.data_ptr()
+    assert args[2].data_ptr() == out.data_ptr()
+    assert not kwargs["X_PIXEL_MAJOR"] and kwargs["Y_PIXEL_MAJOR"]
+    assert kwargs["CHANNEL_TILED"] and kwargs["EVEN_CHANNELS"]
+
+
+def test_channels_last_in_place(monkeypatch):
+    """Channels-last x and weight: one launch, both read where they are."""
+    recorder = LaunchRecorder(conv_module.wrap_triton)
+    monkeypatch.setattr(conv_module, "wrap_triton", recorder)
+    x, w, b = make(1, 32, 5, 6, 8, 3, 3, seed=26)
+    x_cl, w_cl = (t.to(memory_format=torch.channels_last) for t in (x, w))
+    out = conv2d(x_cl, w_cl, b, padding=1)
+    check(out, reference(x, w, b, padding=1), torch.float32)
+    [(_, args, kwargs)] = recorder.launches
+    assert args[0].data_ptr() == x_cl.data_ptr() and args[1].data_ptr() == w_cl.data_ptr()
+    assert not kwargs["X_PIXEL_MAJOR"] and not kwargs["Y_PIXEL_MAJOR"]
+
+
+# Every GEMM config the GPU may pick, on layers that take each K-loop branch: whole and partial
+# channel blocks, several blocks per tap, tiles taller/wider than the layer, non-square dilated
+# strided kernels (the tap counters). The interpreter normally runs configs[0] only.
+CONFIG_CASES = [
+    ("64ch-5x3-dil-stride", (1, 64, 9, 8, 12, 5, 3),
+     dict(stride=(2, 1), padding=(2, 1), dilation=(1, 2))),
+    ("96ch-groups2", (1, 192, 5, 6, 16, 3, 3), dict(groups=2, padding=1)),
+    ("flat-k-rgb", (2, 3, 7, 9, 5, 3, 3), dict(padding=1)),
+]
+
+
+@pytest.mark.parametrize(
+    "config", GEMM_CONFIGS, ids=lambda c: "{BLOCK_M}x{BLOCK_N}x{BLOCK_K}".format(**c.kwargs)
+)
+@pytest.mark.parametrize("via_channels_last", [True, False], ids=["via-nhwc", "in-place"])
+def test_every_gemm_config(config, via_channels_last, monkeypatch):
+    monkeypatch.setattr(conv_module.conv2d_implicit_gemm_kernel, "configs", [config])
+    monkeypatch.setattr(conv_module, "NCHW_VIA_CHANNELS_LAST", via_channels_last)
+    for name, shape, kwargs in CONFIG_CASES:
+        x, w, b = make(*shape, groups=groups_of(kwargs), seed=seed_of(name, str(config)))
+        check(conv2d(x, w, b, **kwargs), reference(x, w, b, **kwargs), torch.float32)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
@@ -379,16 +479,17 @@ def test_default_configs():
 
 def test_prune_configs_for_bench_shape():
     """The workshop's benchmark layer (fp16, 64 -> 64 channels, 3x3) keeps 64-wide filter tiles
-    whose BLOCK_K divides the 64 channels; fp32 drops pipelines that overflow shared memory."""
+    whose BLOCK_K divides the 64 channels; pipelines that overflow shared memory are dropped."""
     x = torch.empty(1, dtype=torch.float16)
     args = dict(x_ptr=x, GROUP_C=64, GROUP_F=64, KH=3, KW=3, M_BUCKET=131072)
     kept = prune_gemm_configs(GEMM_CONFIGS, args, CHANNEL_TILED=True)
     assert kept[0] is GEMM_CONFIGS[0]
     assert all(c.kwargs["BLOCK_N"] <= 64 and 64 % c.kwargs["BLOCK_K"] == 0 for c in kept)
     args32 = dict(args, x_ptr=torch.empty(1, dtype=torch.float32))
-    kept32 = prune_gemm_configs(GEMM_CONFIGS, args32, CHANNEL_TILED=True)
+    oversized = conv_module._gemm_config(256, 64, 64, 4, 8)  # 320 KB in fp32
+    kept32 = prune_gemm_configs([*GEMM_CONFIGS, oversized], args32, CHANNEL_TILED=True)
     assert all(conv_module._gemm_shared_memory_bytes(c, 4) <= 227 * 1024 for c in kept32)
-    assert len(kept32) < len(kept)
+    assert oversized not in kept32 and kept32 == kept
     tiny = prune_gemm_configs(GEMM_CONFIGS, dict(args, GROUP_C=3, GROUP_F=8, M_BUCKET=16),
                               CHANNEL_TILED=False)
     assert tiny and all(c.kwargs["BLOCK_N"] == 16 for c in tiny)

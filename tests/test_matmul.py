@@ -479,3 +479,244 @@ def test_misaligned_operands_gradients(monkeypatch):
     torch.relu(a_ref @ b_ref).sum().backward()
     torch.testing.assert_close(a.grad.double(), a_ref.grad, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(b.grad.double(), b_ref.grad, rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# Ragged shapes: 16-element padding, the unmasked main loop with its masked K tail, and the
+# wrapped-around edge rows / columns. NaN is planted wherever the kernel may read but must never
+# let reach a stored result (past K, in the padding, past M or N); outputs start as NaN too, so
+# an element never written shows up.
+# ---------------------------------------------------------------------------------------------
+NAN = float("nan")
+
+
+@pytest.fixture
+def poisoned_new_empty(monkeypatch):
+    """Every ``new_empty`` (the launcher's output, _aligned's padded copy) starts as NaN."""
+    new_empty = torch.Tensor.new_empty
+
+    def poisoned(self, *args, **kwargs):
+        out = new_empty(self, *args, **kwargs)
+        return out.fill_(NAN) if out.is_floating_point() else out
+
+    monkeypatch.setattr(torch.Tensor, "new_empty", poisoned)
+
+
+def in_nan_storage(values: torch.Tensor, transpose: bool = False) -> torch.Tensor:
+    """``values`` as a view into NaN-filled storage whose rows are padded to 16 elements, with
+    2 more NaN rows below: aligned as Triton sees it, so it is read in place, padding and all.
+    ``transpose`` stores ``values.T`` that way and returns its transpose (the other dim
+    contiguous)."""
+    stored = values.t() if transpose else values
+    rows, cols = stored.shape
+    buf = torch.full((rows + 2, -(-cols // 16) * 16), NAN, dtype=values.dtype, device=values.device)
+    buf[:rows, :cols] = stored
+    view = buf[:rows, :cols]
+    return view.t() if transpose else view
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("K", [5, 64, 77, 200], ids=lambda k: f"K{k}")  # BLOCK_K 64 in the interpreter
+@pytest.mark.parametrize("layout", ["rowmajor", "a_m_contig", "b_k_contig"])
+def test_ragged_edges_never_reach_results(layout, K, dtype, poisoned_new_empty):
+    # M and N neither multiples of 16 bytes nor of the 128-wide tile: both edge tiles wrap.
+    M, N = 133, 21
+    a_vals, b_vals = rand(M, K, dtype=dtype, seed=61), rand(K, N, dtype=dtype, seed=62)
+    a = in_nan_storage(a_vals, transpose=layout == "a_m_contig")
+    b = in_nan_storage(b_vals, transpose=layout == "b_k_contig")
+    assert matmul_module._is_aligned(a) and matmul_module._is_aligned(b)
+    # Whole 16-byte vectors along each contiguous dim: the kernel then reads the NaN past M or N
+    # (into results never stored) and past K (zeroed before the last product), never past 1.
+    unit = 16 // a.element_size()
+    a_m, b_k = layout == "a_m_contig", layout == "b_k_contig"
+    grains = [matmul_module._grain(t, d) for t, d in ((a, -2), (a, -1), (b, -2), (b, -1))]
+    assert grains == [unit if a_m else 1, 1 if a_m else unit, unit if b_k else 1, 1 if b_k else unit]
+    bias = rand(N, dtype=dtype, seed=63)
+    out = matmul(a, b, bias=bias, activation="gelu")
+    assert_close(out, reference(a_vals, b_vals, bias, "gelu"), dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_ragged_batched_through_padded_copies(dtype, monkeypatch, poisoned_new_empty):
+    """The GPU path: unaligned operands copied into zero-padded storage, then read with wrapped
+    edges and a K tail, batched, with a bias and an activation."""
+    monkeypatch.setattr(matmul_module, "ALIGN_OPERANDS", True)
+    a = rand(3, 45, 77, dtype=dtype, seed=64)
+    bias = rand(21, dtype=dtype, seed=65)
+    for b in (rand(77, 21, dtype=dtype, seed=66), rand(3, 21, 77, dtype=dtype, seed=67).transpose(1, 2),
+              rand(1, 77, 42, dtype=dtype, seed=68)[..., ::2]):
+        assert not matmul_module._is_aligned(b)
+        out = matmul(a, b, bias=bias, activation="leaky_relu", leaky_relu_slope=0.2)
+        assert_close(out, reference(a, b, bias, "leaky_relu", 0.2), dtype)
+
+
+@pytest.mark.parametrize("int32_offsets", [True, False], ids=["int32_tile_offsets", "int64_tile_offsets"])
+def test_store_offsets_inside_a_tile(int32_offsets, monkeypatch, poisoned_new_empty):
+    """Outputs are addressed from the tile's corner with 32-bit offsets unless a tile could span
+    2**31 elements (rows of >= 8M elements): forced here by pretending tiles are that large."""
+    if not int32_offsets:
+        monkeypatch.setattr(matmul_module, "_MAX_BLOCK", 2**31)
+    a, b = rand(2, 133, 77, seed=76), rand(77, 21, seed=77)
+    assert_close(matmul(a, b, activation="relu"), reference(a, b, None, "relu"), torch.float32)
+
+
+def _storage_of(view: torch.Tensor) -> torch.Tensor:
+    """Everything in the storage behind ``view``, flat."""
+    return torch.empty(0, dtype=view.dtype, device=view.device).set_(view.untyped_storage())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_aligned_copies_pad_rows_to_16_elements_with_zeros(dtype, poisoned_new_empty):
+    # (tensor, dim to make contiguous): row-major, column-major, 3-D, no unit stride, 16 bytes
+    # but not 16 elements (fp16 rows of 24), and the K-major copy TF32 asks for.
+    cases = [
+        (rand(45, 77, dtype=dtype, seed=69), None),
+        (rand(77, 45, dtype=dtype, seed=70).t(), None),
+        (rand(3, 45, 77, dtype=dtype, seed=71), None),
+        (rand(45, 154, dtype=dtype, seed=72)[:, ::2], None),
+        (rand(10, 24, dtype=dtype, seed=73), None),
+        (rand(45, 40, dtype=dtype, seed=74), -2),
+    ]
+    for t, dim in cases:
+        copy = matmul_module._aligned(t, dim)
+        assert copy is not t and torch.equal(copy, t)
+        assert matmul_module._is_aligned(copy)
+        inner = dim if dim is not None else (-2 if t.stride(-1) != 1 and t.stride(-2) == 1 else -1)
+        assert copy.stride(inner) == 1
+        rows_contig = copy if inner == -1 else copy.transpose(-1, -2)
+        padded = rows_contig.stride(-2)
+        assert padded % 16 == 0 and padded - 16 < rows_contig.shape[-1] <= padded
+        # The padding is written, and with zeros: nothing uninitialised behind the view.
+        flat = _storage_of(copy)
+        assert flat.numel() == rows_contig.numel() // rows_contig.shape[-1] * padded
+        padding = flat.view(-1, padded)[:, rows_contig.shape[-1]:]
+        assert padding.numel() > 0 and (padding == 0).all()
+    already = rand(64, 32, dtype=dtype, seed=75)
+    assert matmul_module._aligned(already) is already
+    assert matmul_module._aligned(already.t()) is not already  # asked for: already.t() is aligned
+    assert matmul_module._aligned(already.t(), -2).data_ptr() == already.data_ptr()
+
+
+def test_is_aligned_follows_tritons_specialisation():
+    fp16 = torch.float16
+    assert matmul_module._is_aligned(torch.empty(8, 32, dtype=fp16))
+    assert not matmul_module._is_aligned(torch.empty(8, 24, dtype=fp16))  # 48 bytes, 24 elements
+    assert not matmul_module._is_aligned(torch.empty(8, 40)[:, 1:33])  # storage offset of 4 bytes
+    assert matmul_module._is_aligned(torch.empty(8, 48)[:, 4:36].t())
+    assert matmul_module._is_aligned(torch.empty(1, 32, dtype=fp16).expand(5, 32))  # stride 0
+    assert matmul_module._is_aligned(torch.empty(7, 1, dtype=fp16))  # a column, strides (1, 1)
+    assert not matmul_module._is_aligned(torch.empty(64, dtype=fp16).as_strided((8, 8), (1, 1)))
+    assert not matmul_module._is_aligned(torch.empty(8, 64, dtype=fp16)[:, ::2])
+    assert not matmul_module._is_aligned(torch.empty(3, 8, 32, dtype=fp16).as_strided((3, 8, 32), (1, 32, 1)))
+    # Reads past the end in whole 16-byte vectors only along the unit stride of an aligned operand.
+    b = torch.empty(5, 32, dtype=fp16)[:, :21]
+    assert matmul_module._grain(b, -1) == 8 and matmul_module._grain(b, -2) == 1
+    assert matmul_module._grain(torch.empty(5, 32)[:, :21], -1) == 4  # fp32
+    assert matmul_module._grain(torch.empty(5, 21, dtype=fp16), -1) == 1  # unaligned: exact
+    assert matmul_module._grain(torch.empty(5, 1, dtype=fp16), -1) == 1
+
+
+# The property the padding and the unmasked loop exist for, checked without a GPU: compiled for an
+# H100 (sm_90) as a launch on _aligned's padded operands would specialise it, the ragged product's
+# main loop moves both operands with 16-byte asynchronous copies, as the aligned one does.
+_SM90_SCRIPT = r"""
+import os, re, subprocess, sys
+os.environ.pop("TRITON_INTERPRET", None)
+import torch
+torch.cuda.is_available = lambda: True  # compile for the GPU: no kernel is launched
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton_workshop.ops import matmul as mm
+
+def compile_sm90(jit_fn, args, constexprs, unspecialised=(), **options):
+    # Specialised as a launch would: ints equal to 1 become constants, pointers and ints
+    # divisible by 16 carry tt.divisibility.
+    sig, consts, attrs = {}, dict(constexprs), {}
+    for i, name in enumerate(jit_fn.arg_names):
+        value = args.get(name)
+        if name in consts:
+            sig[name] = "constexpr"
+        elif isinstance(value, str):
+            sig[name], attrs[(i,)] = value, [["tt.divisibility", 16]]
+        elif isinstance(value, float):
+            sig[name] = "fp32"
+        elif value == 1 and name not in unspecialised:
+            sig[name], consts[name] = "constexpr", 1
+        else:
+            sig[name] = "i32"
+            if value % 16 == 0 and name not in unspecialised:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    src = ASTSource(fn=jit_fn, signature=sig, constexprs=consts, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+
+from triton.backends.nvidia.compiler import get_ptxas
+PTXAS = get_ptxas(90).path  # the ptxas Triton itself uses for sm_90
+
+def registers(ptx):
+    with open("kernel.ptx", "w") as f:
+        f.write(ptx)
+    done = subprocess.run([PTXAS, "-v", "-arch=sm_90a", "kernel.ptx", "-o", "kernel.cubin"],
+                          capture_output=True, text=True, check=True)
+    spills = re.search(r"(\d+) bytes spill stores", done.stderr)
+    return int(re.search(r"Used (\d+) registers", done.stderr).group(1)), int(spills.group(1))
+
+def matmul_counts(M, N, K):
+    a = torch.empty(M, K, dtype=torch.float16, device="meta")
+    b = torch.empty(K, N, dtype=torch.float16, device="meta")
+    a, b = a.new_empty(M, -(-K // 16) * 16)[:, :K], b.new_empty(K, -(-N // 16) * 16)[:, :N]
+    out = torch.empty(M, N, dtype=torch.float16, device="meta")
+    assert mm._is_aligned(a) and mm._is_aligned(b)  # what _aligned hands the kernel
+    args = dict(a_ptr="*fp16", b_ptr="*fp16", c_ptr="*fp16", bias_ptr="*fp16", M=M, N=N, K=K,
+                stride_ab=0, stride_am=a.stride(0), stride_ak=a.stride(1),
+                stride_bb=0, stride_bk=b.stride(0), stride_bn=b.stride(1),
+                stride_cb=0, stride_cm=out.stride(0), stride_cn=out.stride(1), stride_bias=1,
+                slope=0.01, M_BUCKET=8192, N_BUCKET=8192, K_BUCKET=8192)
+    config = mm.CONFIGS[0]
+    constexprs = dict(HAS_BIAS=False, ACTIVATION="none", INPUT_PRECISION="ieee", DOT_IN_FP32=False,
+                      A_M_GRAIN=mm._grain(a, -2), A_K_GRAIN=mm._grain(a, -1),
+                      B_K_GRAIN=mm._grain(b, -2), B_N_GRAIN=mm._grain(b, -1),
+                      INT32_TILE_OFFSETS=True, **config.kwargs)
+    k = compile_sm90(mm.matmul_kernel.fn, args, constexprs,
+                     unspecialised=("M_BUCKET", "N_BUCKET", "K_BUCKET"),
+                     num_warps=config.num_warps, num_stages=config.num_stages)
+    ptx = k.asm["ptx"]
+    copies = re.findall(r"cp\.async\.c[ag]\.shared\.global[^;]*, (0x[0-9a-f]+)", ptx)
+    regs, spills = registers(ptx)
+    return dict(cp16=copies.count("0x10"), narrow_cp=len(copies) - copies.count("0x10"),
+                wgmma=len(re.findall(r"wgmma\.mma_async", ptx)), shared=k.metadata.shared,
+                narrow_loads=len(re.findall(r"ld\.global(?!\S*\.v4)", ptx)),
+                regs=regs, spills=spills)
+
+aligned, ragged = matmul_counts(4096, 4096, 4096), matmul_counts(5012, 2100, 7777)
+print("aligned", aligned, "ragged", ragged)
+assert aligned["cp16"] > 0 and aligned["narrow_cp"] == 0 and aligned["wgmma"] > 0
+# The same pipeline (copies, stages, tensor-core instructions), no load narrower than 16 bytes
+# (the K tail included), and registers within the 128 that keep two 8-warp tiles resident per
+# SM, with no spills.
+same = ("cp16", "narrow_cp", "wgmma", "shared", "narrow_loads")
+assert {k: ragged[k] for k in same} == {k: aligned[k] for k in same}, (ragged, aligned)
+assert ragged["narrow_loads"] == 0, ragged
+assert ragged["regs"] <= max(128, aligned["regs"]) and ragged["spills"] == 0, ragged
+
+pad = compile_sm90(mm.pad_copy_kernel,
+                   dict(src_ptr="*fp16", dst_ptr="*fp16", rows=5012, cols=7777, cols_padded=7792,
+                        stride_sb=0, stride_sr=7777, stride_sc=1),
+                   dict(BLOCK_R=32, BLOCK_C=128), num_warps=4)
+stores = re.findall(r"st\.global\S*", pad.asm["ptx"])
+assert stores and all(".v4.b32" in s for s in stores), stores
+print("ok")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tests time the real thing")
+def test_ragged_main_loop_compiles_to_16_byte_async_copies(tmp_path):
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_WORKSHOP_QUIET"] = "1"
+    done = subprocess.run([sys.executable, "-c", _SM90_SCRIPT], env=env, capture_output=True,
+                          text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0 and done.stdout.rstrip().endswith("ok"), done.stdout + done.stderr

@@ -287,7 +287,7 @@ class FastLaunch:
         self.usable = not (self.autotuned and (
             kernel.reset_to_zero or kernel.restore_value
             or getattr(kernel, "user_defined_pre_hook", False)
-            or getattr(kernel, "post_hook", None) is not None
+            or getattr(kernel, "user_defined_post_hook", False)
             or any(c.pre_hook for c in kernel.configs)))
 
     def __getitem__(self, grid):

@@ -19,9 +19,13 @@ slice is a (tap, channel) pair, so the element to load is
 ``x[n, c, oh*s - p + kh*d, ow*s - p + kw*d]``.
 Indices that fall outside the image are masked, and the mask's ``other=0.0`` *is* the zero padding:
 padding costs no memory and no extra pass. The weight slice is an ordinary ``BLOCK_K x BLOCK_N``
-tile of a ``(KH, KW, C, F)`` copy of the weight (a weight is kilobytes; the launcher permutes it
-once per call so that the filter dimension is contiguous). Both slices meet in ``tl.dot``, which
-accumulates in fp32 on the tensor cores, exactly as in ``matmul.py``.
+tile of the weight in *channels-last* memory, ``(F, KH, KW, C)``: filter ``f``'s K row is one
+contiguous run, ordered (tap, channel) like the gathered columns, so the slice is loaded with
+16-byte vectors along K (K-major, the operand order TF32 tensor cores require). A network converted
+with ``model.to(memory_format=torch.channels_last)`` has its weights that way already; otherwise
+the launcher copies the weight (kilobytes) each call. (The flat-K mode below reads a copy that is
+contiguous along F instead: its K rows are rarely a multiple of 16 bytes long.) Both slices meet
+in ``tl.dot``, which accumulates in fp32 on the tensor cores, exactly as in ``matmul.py``.
 
 **How K is walked.** Two modes, picked by the launcher from the channels per group ``Cg``:
 
@@ -36,22 +40,32 @@ accumulates in fp32 on the tensor cores, exactly as in ``matmul.py``.
   (K = 27) is one step. The addresses are less regular (the compiler cannot prove the columns
   contiguous) but no tensor-core work is wasted.
 
-The K loop is one flat ``for`` over steps (tap and channel block decoded from the step number), not
-two nested loops, so that Triton's software pipeline (``num_stages``) overlaps the loads of step
-``i + 1`` with the ``tl.dot`` of step ``i`` across tap boundaries.
+The K loop is one flat ``for`` over steps, not two nested loops, so that Triton's software
+pipeline (``num_stages``) overlaps the loads of step ``i + 1`` with the ``tl.dot`` of step ``i``
+across tap boundaries. A step is only a few tensor-core instructions (4 for a 128 x 64 x 32 tile),
+so the integer work around them sets the pace: everything per row (window corner, pointer) and
+per column is computed once per program, and a channel-tiled step adds one scalar tap offset to
+the pointers and one shift to a one-comparison bounds test (``0 <= ih < H`` as an unsigned
+``ih < H``), with the tap and channel block kept in counters rather than divided out of the step
+number. On an sm_90 compile this took the loop from 224 to 135 instructions per step.
 
-**Channels-last (NHWC) is the fast layout.** Both layouts are read in place through their strides
-(no copy), and the output is written in the input's layout, as ``torch.nn.functional.conv2d`` does
-(channels-last in, channels-last out). In NHWC the channels of a pixel, the K axis of the gathered
-slice, are neighbours: with 32+ channels per group each row of the slice is loaded with 16-byte
-asynchronous copies (``cp.async``) that the software pipeline overlaps with the tensor-core work,
-and the output tile is stored with 16-byte vector stores. In NCHW the channels of a pixel are
-``H * W`` elements apart; the neighbours are pixels of one image row, which the compiler cannot
-prove contiguous (they come out of a division). There the kernel gathers the slice *transposed*,
-``(BLOCK_K, BLOCK_M)``, so that a warp's 32 lanes read 32 neighbouring pixels (coalesced, if
-element by element) and transposes it on chip for the dot; the output tile is stored the same
-way. That is still several times the memory instructions of NHWC. Convert a network once with
-``model.to(memory_format=torch.channels_last)`` and keep activations that way.
+**Channels-last (NHWC) is the fast layout.** The output is written in the input's layout, as
+``torch.nn.functional.conv2d`` does (channels-last in, channels-last out). In NHWC the channels of
+a pixel, the K axis of the gathered slice, are neighbours: with 32+ channels per group each row of
+the slice is loaded with 16-byte asynchronous copies (``cp.async``) that the software pipeline
+overlaps with the tensor-core work, and the output tile is stored with 16-byte vector stores. In
+NCHW the channels of a pixel are ``H * W`` elements apart. The kernel can gather that too (the
+slice is then loaded *transposed*, ``(BLOCK_K, BLOCK_M)``, so that a warp's lanes read
+neighbouring pixels, and transposed on chip for the dot), but element by element, at a tenth of
+the NHWC speed. So on the GPU an NCHW input is first copied to NHWC by one tiled transpose
+(``layout.to_channels_last``: a read and a write of ``x`` at full bandwidth), and the kernel
+writes the NCHW output itself, no copy back: the output tile is transposed on chip so that
+consecutive lanes walk pixels, and because the kernel splits the row index into (image, pixel of
+the image) with a single division by ``OH * OW``, Triton can prove runs of 16 consecutive pixels
+contiguous whenever ``OH * OW`` is a multiple of 16 (56 x 56, 28 x 28, ...) and stores them with
+16-byte vectors. The interpreter keeps reading NCHW in place, so both gathers stay tested on CPU.
+Converting a network once with ``model.to(memory_format=torch.channels_last)`` still saves the
+transposes.
 
 **Groups.** With ``groups > 1`` filter ``f`` of group ``g`` sees only channels
 ``g * Cg .. (g + 1) * Cg - 1``: a block-diagonal GEMM. The group is grid axis 1, and each program
@@ -97,6 +111,7 @@ import triton.language as tl
 
 from .. import runtime
 from ..runtime import FLOAT_DTYPES, register_op, wrap_triton
+from .layout import to_channels_last
 
 __all__ = ["conv2d"]
 
@@ -118,19 +133,22 @@ def _gemm_config(bm, bn, bk, stages, warps):
 
 #: Tuned for the H100 around the workshop's benchmark layer (fp16, x 32x64x56x56, 64 filters 3x3,
 #: padding 1: M = 100,352, N = 64, K = 576). N is one 64-wide tile, so the choice is how tall a
-#: tile is (M) and how deep a step is (K). configs[0] is what the interpreter runs and a good
-#: default everywhere: 784 tiles of 128 rows fill 132 SMs in 6 even waves, BLOCK_K = 64 is one
-#: whole tap of 64 channels per step (9 steps), and 3 stages of (128 + 64) x 64 fit shared memory
-#: even in fp32 (147 KB).
+#: tile is (M), how deep a step is (K) and how many programs share an SM. A step is a handful of
+#: tensor-core instructions, so hiding its loads takes several programs per SM: each entry below
+#: fits 2 to 4 (shared memory ``stages * (BLOCK_M + BLOCK_N) * BLOCK_K * 2`` bytes of 227 KB, and
+#: registers: 110-166 a thread for these tiles in an sm_90 compile, none spilled). configs[0] is
+#: what the interpreter runs and a good default everywhere: 784 tiles of 128 rows fill 132 SMs in
+#: 6 even waves, BLOCK_K = 64 is one whole tap of 64 channels per step (9 steps), 3 programs an SM.
 GEMM_CONFIGS = [
     _gemm_config(128, 64, 64, 3, 4),
-    # The benchmark layer and its neighbours: taller tiles read each weight slice for more pixels.
-    _gemm_config(256, 64, 64, 3, 8),
-    _gemm_config(128, 64, 64, 4, 4),
-    _gemm_config(256, 64, 64, 4, 8),
+    # The benchmark layer and its neighbours. 128 x 64 x 32, 4 stages: the H100's pick before
+    # (4 programs an SM). 2 stages of 64-deep steps: 4 programs an SM with half the steps.
     _gemm_config(128, 64, 32, 4, 4),
+    _gemm_config(128, 64, 64, 2, 4),
+    # 256-row tiles read each weight slice for twice the pixels (half the weight traffic from
+    # L2), 2 programs an SM; deeper pipelines would leave room for one only.
     _gemm_config(256, 64, 32, 4, 8),
-    _gemm_config(128, 64, 32, 3, 8),
+    _gemm_config(256, 64, 64, 2, 8),
     # Wider layers (F per group >= 128): a 128x128 tile uses each gathered input row twice as often.
     _gemm_config(128, 128, 64, 3, 8),
     _gemm_config(128, 128, 32, 4, 4),
@@ -218,19 +236,21 @@ def prune_depthwise_configs(configs, named_args, **kwargs):
 # Kernels.
 # --------------------------------------------------------------------------------------------
 @triton.jit
-def _output_pixels(pid_m, M, OH, OW, BLOCK_M: tl.constexpr):
-    """The ``BLOCK_M`` output pixels of tile ``pid_m``, as (n, oh, ow), and the in-range mask.
+def _output_pixels(pid_m, M, OHW, BLOCK_M: tl.constexpr):
+    """The ``BLOCK_M`` output pixels of tile ``pid_m``: image ``n``, pixel ``oh * OW + ow`` within
+    the image, and the in-range mask.
 
     int64 from the start: M = N * OH * OW and n * stride_n can pass 2**31 on large batches. The
-    divisions run once per program, not once per K step.
+    divisions run once per program, not once per K step. Dividing by ``OHW`` (not by OW, then OH)
+    is what lets the compiler vectorise the NCHW store: when Triton sees ``OHW`` divisible by 16
+    (it specialises on that), it can prove runs of 16 consecutive rows belong to one image and
+    have consecutive ``pixel``, i.e. neighbouring addresses in an NCHW output.
     """
     offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = offs_m < M
-    ow = (offs_m % OW).to(tl.int32)
-    rest = offs_m // OW
-    oh = (rest % OH).to(tl.int32)
-    n = rest // OH
-    return n, oh, ow, mask_m
+    n = offs_m // OHW
+    pixel = offs_m % OHW
+    return n, pixel, mask_m
 
 
 @triton.jit
@@ -257,6 +277,23 @@ def _outer_and(rows, cols, PIXEL_MAJOR: tl.constexpr):
         return rows[:, None] & cols[None, :]
 
 
+@triton.jit
+def _store_output(y_ptr, values, n, pixel, mask_m, filters, mask_f,
+                  stride_yn, stride_yc, stride_yp, PIXEL_MAJOR: tl.constexpr):  # fmt: skip
+    """Store an fp32 tile at y[n, f, pixel], rounded once to y's dtype: (pixels, filters), or
+    (filters, pixels) when ``PIXEL_MAJOR`` (NCHW y), built through :func:`_outer_add` like x's.
+
+    ``stride_yp`` is the stride of one pixel ``oh * OW + ow`` (the launcher allocates y, so H and
+    W are always one run of pixels). In NCHW consecutive lanes then walk pixels, which are
+    contiguous in memory: 16-byte vector stores when ``OHW`` is a multiple of 16 (see
+    :func:`_output_pixels`). In channels-last they walk filters, contiguous there.
+    """
+    out = values.to(y_ptr.dtype.element_ty)
+    y_rows = n * stride_yn + pixel * stride_yp
+    y_ptrs = y_ptr + _outer_add(y_rows, filters * stride_yc, PIXEL_MAJOR)
+    tl.store(y_ptrs, out, mask=_outer_and(mask_m, mask_f, PIXEL_MAJOR))
+
+
 @runtime.autotune(
     configs=GEMM_CONFIGS,
     # The layer's geometry (bucketed pixel count, channels and filters per group, kernel size) and
@@ -268,27 +305,33 @@ def _outer_and(rows, cols, PIXEL_MAJOR: tl.constexpr):
 @triton.jit(do_not_specialize=["M_BUCKET"])
 def conv2d_implicit_gemm_kernel(
     x_ptr, w_ptr, y_ptr, bias_ptr,
-    H, W, OH, OW, M,
-    GROUP_C, GROUP_F, F, KH, KW,
+    H, W, OW, OHW, M,
+    GROUP_C, GROUP_F,
     stride_xn, stride_xc, stride_xh, stride_xw,
-    stride_yn, stride_yc, stride_yh, stride_yw,
-    stride_bias,
+    stride_wf, stride_wk,
+    stride_yn, stride_yc, stride_yp,
     conv_stride_h, conv_stride_w, pad_h, pad_w, dilation_h, dilation_w,
     M_BUCKET,
+    KH: tl.constexpr, KW: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     CHANNEL_TILED: tl.constexpr,
+    EVEN_CHANNELS: tl.constexpr,
     X_PIXEL_MAJOR: tl.constexpr,
     Y_PIXEL_MAJOR: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    """y[n, f, oh, ow] = bias[f] + sum over (kh, kw, c) of x[n, c, ih, iw] * w[kh, kw, c, f].
+    """y[n, f, oh, ow] = bias[f] + sum over (kh, kw, c) of x[n, c, ih, iw] * w[f, c, kh, kw].
 
-    ``w`` is the weight permuted to (KH, KW, GROUP_C, F), contiguous: its row
-    ``(kh*KW + kw)*GROUP_C + c`` holds the weights of every filter for one (tap, channel).
+    ``w`` holds the weight as a K x F matrix, K ordered like the gathered columns,
+    ``k = (kh*KW + kw)*GROUP_C + c``: ``w[f, k]`` is at ``f * stride_wf + k * stride_wk``. The
+    launcher passes the channel-tiled mode the weight in channels-last memory, (F, KH, KW,
+    GROUP_C): K-contiguous rows (``stride_wk`` = 1), 16-byte loads along K, the K-major operand
+    TF32 tensor cores require. Flat K gets a (KH, KW, GROUP_C, F) copy, contiguous along F
+    (``stride_wf`` = 1): its K rows (27 for an RGB 3x3) are rarely 16-byte multiples, F often is.
     ``pad_h``/``pad_w`` are the top/left padding; bottom/right padding only shows in OH/OW (reads
-    past the edge are masked to zero).
+    past the edge are masked to zero). ``bias`` is contiguous.
     ``X_PIXEL_MAJOR`` / ``Y_PIXEL_MAJOR``: x / y is NCHW-like (see :func:`_outer_add`); the input
     slice is then gathered as (BLOCK_K, BLOCK_M) and transposed for the dot.
     """
@@ -300,10 +343,12 @@ def conv2d_implicit_gemm_kernel(
     pid_m = pid // num_pid_n
     pid_n = pid % num_pid_n
 
-    n, oh, ow, mask_m = _output_pixels(pid_m, M, OH, OW, BLOCK_M)
+    n, pixel, mask_m = _output_pixels(pid_m, M, OHW, BLOCK_M)
+    pixel32 = pixel.to(tl.int32)
     # Top-left corner of each row's window; tap (kh, kw) adds (kh * dilation_h, kw * dilation_w).
-    ih0 = oh * conv_stride_h - pad_h
-    iw0 = ow * conv_stride_w - pad_w
+    # Rows past M get a corner far above the image, so the bounds test alone masks them out.
+    ih0 = tl.where(mask_m, (pixel32 // OW) * conv_stride_h - pad_h, -(2**30))
+    iw0 = (pixel32 % OW) * conv_stride_w - pad_w
     # The image of each row, and the first channel of this group.
     x_rows = x_ptr + n * stride_xn + (group * GROUP_C).to(tl.int64) * stride_xc
 
@@ -311,12 +356,24 @@ def conv2d_implicit_gemm_kernel(
     mask_n = offs_n < GROUP_F
     filters = (group * GROUP_F + offs_n).to(tl.int64)
     offs_k = tl.arange(0, BLOCK_K)
+    k_total = KH * KW * GROUP_C
+    w_filters = w_ptr + filters * stride_wf
 
     if CHANNEL_TILED:
-        channel_blocks = tl.cdiv(GROUP_C, BLOCK_K)
-        k_steps = KH * KW * channel_blocks
+        k_steps = KH * KW * tl.cdiv(GROUP_C, BLOCK_K)
+        # Everything per row or per column is computed once: a step only adds its tap's offset
+        # (one scalar) to the pointers and its tap's shift to the bounds test.
+        corner = x_rows + ih0.to(tl.int64) * stride_xh + iw0.to(tl.int64) * stride_xw
+        x_tile = _outer_add(corner, offs_k.to(tl.int64) * stride_xc, X_PIXEL_MAJOR)
+        w_tile = w_filters[None, :] + (offs_k * stride_wk)[:, None]
+        height = H.to(tl.uint32)
+        width = W.to(tl.uint32)
     else:
-        k_steps = tl.cdiv(KH * KW * GROUP_C, BLOCK_K)
+        k_steps = tl.cdiv(k_total, BLOCK_K)
+    # (tap row, tap column, first channel) of the step: counters, not a division per step.
+    kh = 0 * k_steps
+    kw = 0 * k_steps
+    c0 = 0 * k_steps
 
     # fp32 accumulator whatever the inputs: K = 576 fp16 products would lose their low bits in an
     # fp16 running sum.
@@ -325,20 +382,31 @@ def conv2d_implicit_gemm_kernel(
         if CHANNEL_TILED:
             # One tap, BLOCK_K consecutive channels: one (ih, iw) per row, so the bounds mask is
             # per row and (in channels-last) the channels of a row are contiguous.
-            tap = step // channel_blocks
-            channels = (step % channel_blocks) * BLOCK_K + offs_k
-            ih = ih0 + (tap // KW) * dilation_h
-            iw = iw0 + (tap % KW) * dilation_w
-            inside = mask_m & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-            k_mask = channels < GROUP_C
-            pixel = x_rows + ih.to(tl.int64) * stride_xh + iw.to(tl.int64) * stride_xw
-            x_ptrs = _outer_add(pixel, channels.to(tl.int64) * stride_xc, X_PIXEL_MAJOR)
+            dh = kh * dilation_h
+            dw = kw * dilation_w
+            # 0 <= ih < H in one unsigned comparison (a negative ih wraps to a huge one).
+            inside = (((ih0 + dh).to(tl.uint32, bitcast=True) < height)
+                      & ((iw0 + dw).to(tl.uint32, bitcast=True) < width))  # fmt: skip
+            if EVEN_CHANNELS and 64 % BLOCK_K == 0:
+                # Whole BLOCK_K blocks of channels (a multiple of 64 per group): no tail to mask.
+                k_mask = offs_k < BLOCK_K
+            else:
+                k_mask = (c0 + offs_k) < GROUP_C
             x_mask = _outer_and(inside, k_mask, X_PIXEL_MAJOR)
-            w_rows = tap * GROUP_C + channels
+            x_ptrs = x_tile + (dh.to(tl.int64) * stride_xh + dw.to(tl.int64) * stride_xw
+                               + c0.to(tl.int64) * stride_xc)  # fmt: skip
+            b_ptrs = w_tile + ((kh * KW + kw) * GROUP_C + c0) * stride_wk
+            c0 += BLOCK_K
+            next_tap = c0 >= GROUP_C
+            c0 = tl.where(next_tap, 0, c0)
+            kw = tl.where(next_tap, kw + 1, kw)
+            next_row = kw == KW
+            kw = tl.where(next_row, 0, kw)
+            kh = tl.where(next_row, kh + 1, kh)
         else:
             # Flat K: column k is (tap, channel) = divmod(k, GROUP_C), so one step can span taps.
             k = step * BLOCK_K + offs_k
-            k_mask = k < KH * KW * GROUP_C
+            k_mask = k < k_total
             channels = k % GROUP_C
             tap = k // GROUP_C
             ih = _outer_add(ih0, (tap // KW) * dilation_h, X_PIXEL_MAJOR)
@@ -352,14 +420,13 @@ def conv2d_implicit_gemm_kernel(
                 + ih.to(tl.int64) * stride_xh
                 + iw.to(tl.int64) * stride_xw
             )
-            w_rows = k
+            b_ptrs = w_filters[None, :] + (k * stride_wk)[:, None]
         # other=0.0 is the zero padding (rows whose window leaves the image) and the K tail (a
         # zero times anything adds nothing). Rows past M read zeros too and are never stored.
         a = tl.load(x_ptrs, mask=x_mask, other=0.0)
         if X_PIXEL_MAJOR:
             a = tl.trans(a)  # (BLOCK_K, BLOCK_M) -> (BLOCK_M, BLOCK_K)
-        w_ptrs = w_ptr + w_rows.to(tl.int64)[:, None] * F + filters[None, :]
-        b = tl.load(w_ptrs, mask=k_mask[:, None] & mask_n[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=k_mask[:, None] & mask_n[None, :], other=0.0)
         if DOT_IN_FP32:
             # Interpreter only (bf16 dots are wrong there); the GPU keeps native bf16 tensor cores.
             a = a.to(tl.float32)
@@ -368,14 +435,11 @@ def conv2d_implicit_gemm_kernel(
 
     # Epilogue on the fp32 accumulator: the bias, then the one rounding to the output dtype.
     if HAS_BIAS:
-        bias = tl.load(bias_ptr + filters * stride_bias, mask=mask_n, other=0.0)
-        acc += bias.to(tl.float32)[None, :]
-    out = acc.to(y_ptr.dtype.element_ty)
+        acc += tl.load(bias_ptr + filters, mask=mask_n, other=0.0).to(tl.float32)[None, :]
     if Y_PIXEL_MAJOR:
-        out = tl.trans(out)
-    y_rows = y_ptr + n * stride_yn + oh.to(tl.int64) * stride_yh + ow.to(tl.int64) * stride_yw
-    y_ptrs = _outer_add(y_rows, filters * stride_yc, Y_PIXEL_MAJOR)
-    tl.store(y_ptrs, out, mask=_outer_and(mask_m, mask_n, Y_PIXEL_MAJOR))
+        acc = tl.trans(acc)  # (filters, pixels): an NCHW store walks pixels (see _store_output)
+    _store_output(y_ptr, acc, n, pixel, mask_m, filters, mask_n,
+                  stride_yn, stride_yc, stride_yp, Y_PIXEL_MAJOR)  # fmt: skip
 
 
 @runtime.autotune(
@@ -386,28 +450,30 @@ def conv2d_implicit_gemm_kernel(
 @triton.jit(do_not_specialize=["M_BUCKET"])
 def conv2d_depthwise_kernel(
     x_ptr, w_ptr, y_ptr, bias_ptr,
-    H, W, OH, OW, M,
-    F, KH, KW, MULTIPLIER,
+    H, W, OW, OHW, M,
+    F, MULTIPLIER,
     stride_xn, stride_xc, stride_xh, stride_xw,
-    stride_yn, stride_yc, stride_yh, stride_yw,
-    stride_bias,
+    stride_yn, stride_yc, stride_yp,
     conv_stride_h, conv_stride_w, pad_h, pad_w, dilation_h, dilation_w,
     M_BUCKET,
+    KH: tl.constexpr, KW: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     PIXEL_MAJOR: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_F: tl.constexpr,
 ):  # fmt: skip
     """One input channel per group: y[n, f, oh, ow] = bias[f] + sum over (kh, kw) of
-    x[n, f // MULTIPLIER, ih, iw] * w[kh, kw, f], with ``w`` permuted to (KH, KW, F).
+    x[n, f // MULTIPLIER, ih, iw] * w[f, 0, kh, kw], with ``w`` contiguous (F, 1, KH, KW) (the
+    weight as it comes: a one-channel weight is contiguous and channels-last at once).
 
     The tile is (pixels, filters), or (filters, pixels) when ``PIXEL_MAJOR`` (x and y NCHW-like,
     see :func:`_outer_add`); no dot, so it never needs transposing.
     """
     pid_m = tl.program_id(0)
     pid_f = tl.program_id(1)
-    n, oh, ow, mask_m = _output_pixels(pid_m, M, OH, OW, BLOCK_M)
-    ih0 = oh * conv_stride_h - pad_h
-    iw0 = ow * conv_stride_w - pad_w
+    n, pixel, mask_m = _output_pixels(pid_m, M, OHW, BLOCK_M)
+    pixel32 = pixel.to(tl.int32)
+    ih0 = (pixel32 // OW) * conv_stride_h - pad_h
+    iw0 = (pixel32 % OW) * conv_stride_w - pad_w
     x_rows = x_ptr + n * stride_xn
 
     filters = pid_f * BLOCK_F + tl.arange(0, BLOCK_F)
@@ -415,6 +481,8 @@ def conv2d_depthwise_kernel(
     # Filter f reads channel f // MULTIPLIER (MULTIPLIER = 1, specialised by Triton, for plain
     # depthwise: then the channel *is* the filter and the loads stay contiguous in channels-last).
     channel_offsets = (filters // MULTIPLIER).to(tl.int64) * stride_xc
+    # The taps of a filter are KH * KW apart: a strided load of BLOCK_F weights per tap, from L1.
+    w_filters = w_ptr + filters * (KH * KW)
 
     if PIXEL_MAJOR:
         acc = tl.zeros((BLOCK_F, BLOCK_M), dtype=tl.float32)
@@ -426,29 +494,27 @@ def conv2d_depthwise_kernel(
         for kw in range(0, KW):
             iw = iw0 + kw * dilation_w
             inside = row_inside & (iw >= 0) & (iw < W)
-            pixel = x_rows + ih.to(tl.int64) * stride_xh + iw.to(tl.int64) * stride_xw
+            pixel_ptrs = x_rows + ih.to(tl.int64) * stride_xh + iw.to(tl.int64) * stride_xw
             # other=0.0: the zero padding, as in the GEMM kernel.
             xv = tl.load(
-                _outer_add(pixel, channel_offsets, PIXEL_MAJOR),
+                _outer_add(pixel_ptrs, channel_offsets, PIXEL_MAJOR),
                 mask=_outer_and(inside, mask_f, PIXEL_MAJOR),
                 other=0.0,
             ).to(tl.float32)
-            wv = tl.load(w_ptr + (kh * KW + kw) * F + filters, mask=mask_f, other=0.0)
-            wv = wv.to(tl.float32)
+            wv = tl.load(w_filters + (kh * KW + kw), mask=mask_f, other=0.0).to(tl.float32)
             if PIXEL_MAJOR:
                 acc += xv * wv[:, None]
             else:
                 acc += xv * wv[None, :]
 
     if HAS_BIAS:
-        bias = tl.load(bias_ptr + filters * stride_bias, mask=mask_f, other=0.0).to(tl.float32)
+        bias = tl.load(bias_ptr + filters, mask=mask_f, other=0.0).to(tl.float32)
         if PIXEL_MAJOR:
             acc += bias[:, None]
         else:
             acc += bias[None, :]
-    y_rows = y_ptr + n * stride_yn + oh.to(tl.int64) * stride_yh + ow.to(tl.int64) * stride_yw
-    y_ptrs = _outer_add(y_rows, filters.to(tl.int64) * stride_yc, PIXEL_MAJOR)
-    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=_outer_and(mask_m, mask_f, PIXEL_MAJOR))
+    _store_output(y_ptr, acc, n, pixel, mask_m, filters.to(tl.int64), mask_f,
+                  stride_yn, stride_yc, stride_yp, PIXEL_MAJOR)  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
@@ -502,7 +568,7 @@ NCHW_VIA_CHANNELS_LAST = not runtime.INTERPRET
 
 def _is_channels_last(x: torch.Tensor) -> bool:
     # Tensors that are both (one channel, or 1x1 images) count as contiguous NCHW.
-    return x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+    return not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
 
 
 def _pixel_major(t: torch.Tensor) -> bool:
@@ -512,13 +578,14 @@ def _pixel_major(t: torch.Tensor) -> bool:
 
 def _empty_output(x: torch.Tensor, shape) -> torch.Tensor:
     """The output in the input's memory format, as torch.nn.functional.conv2d gives it."""
-    fmt = torch.channels_last if _is_channels_last(x) else torch.contiguous_format
-    return torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=fmt)
+    if _is_channels_last(x):
+        return torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
+    return x.new_empty(shape)
 
 
 def _bucket(n) -> int:
     # Symbolic sizes under torch.compile pass through (the key only matters to eager autotuning).
-    return triton.next_power_of_2(n) if isinstance(n, int) else n
+    return runtime.next_power_of_2(n) if isinstance(n, int) else n
 
 
 def _conv2d_fake(x, weight, bias, stride, padding, dilation, groups):
@@ -529,6 +596,9 @@ def _conv2d_fake(x, weight, bias, stride, padding, dilation, groups):
 # The registered op (inputs already validated by conv2d below). padding is
 # [top, bottom, left, right]: padding="same" with an even dilated kernel pads one more on the
 # bottom/right, like torch. The backward pass calls it with negative padding (a crop).
+# Every eager call pays this function's Python and one or two kernel launches in CPU time, which
+# on a small layer is longer than the GPU work: nothing here is computed twice, and the kernels
+# take no argument they could derive (the output's H/W strides, the weight's, F).
 # --------------------------------------------------------------------------------------------
 @register_op("conv2d", fake=_conv2d_fake)
 def _conv2d(
@@ -540,10 +610,11 @@ def _conv2d(
     dilation: List[int],
     groups: int,
 ) -> torch.Tensor:
-    shape = _output_shape(x, weight, stride, padding, dilation)
-    out = _empty_output(x, shape)
+    batch, _, h, w = x.shape
     n_filters, group_c, kh, kw = weight.shape
-    _, _, oh, ow = shape
+    oh = _output_size(h, padding[0], padding[1], dilation[0], kh, stride[0])
+    ow = _output_size(w, padding[2], padding[3], dilation[1], kw, stride[1])
+    out = _empty_output(x, (batch, n_filters, oh, ow))
     if out.numel() == 0:
         return out
     if group_c == 0:
@@ -553,60 +624,77 @@ def _conv2d(
             out += bias.view(1, -1, 1, 1)
         return out
 
-    result = out
-    if NCHW_VIA_CHANNELS_LAST and group_c > 1 and _pixel_major(x):
-        # Measured on an H100 (fp16 32x64x56x56, 64 3x3 filters): the NCHW gather ran at
-        # 13 TFLOP/s, the NHWC one at 122. Two layout copies (a read and a write of x and of
-        # the output, ~17 us there) cost far less than the difference.
-        x = x.contiguous(memory_format=torch.channels_last)
-        out = torch.empty_like(result, memory_format=torch.channels_last)
-
-    # (F, Cg, KH, KW) -> (KH, KW, Cg, F): a K row holds all filters for one (tap, channel), so the
-    # weight slice of a step is contiguous along the filters. Kilobytes, copied once per call.
-    w_rows = weight.permute(2, 3, 1, 0).contiguous()
-    m = shape[0] * oh * ow
+    ohw = oh * ow
+    m = batch * ohw
+    if bias is not None and bias.stride(0) != 1:
+        bias = bias.contiguous()
     bias_arg = bias if bias is not None else out  # never read when HAS_BIAS is False
-    geometry = (x.shape[2], x.shape[3], oh, ow, m)
-    strides = (*x.stride(), *out.stride(), bias.stride(0) if bias is not None else 0)
+    # y's pixel (oh * OW + ow) stride: out is allocated above, so its H and W always merge.
+    stride_yn, stride_yc, _, stride_yp = out.stride()
     conv_args = (stride[0], stride[1], padding[0], padding[2], dilation[0], dilation[1])
 
-    with runtime.device_guard(x):
-        if group_c == 1:
-            def depthwise_grid(meta):
-                return (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(n_filters, meta["BLOCK_F"]))
+    if group_c == 1:
+        # A one-channel weight (F, 1, KH, KW) is contiguous in either memory format: read as is.
+        weight = weight.contiguous()
+        x_pixel_major = _pixel_major(x)
 
+        def depthwise_grid(meta):
+            return (runtime.cdiv(m, meta["BLOCK_M"]), runtime.cdiv(n_filters, meta["BLOCK_F"]))
+
+        with runtime.device_guard(x):
             wrap_triton(conv2d_depthwise_kernel)[depthwise_grid](
-                x, w_rows, out, bias_arg,
-                *geometry,
-                n_filters, kh, kw, n_filters // groups,
-                *strides, *conv_args,
+                x, weight, out, bias_arg,
+                h, w, ow, ohw, m,
+                n_filters, n_filters // groups,
+                *x.stride(), stride_yn, stride_yc, stride_yp, *conv_args,
                 _bucket(m),
+                KH=int(kh), KW=int(kw),  # constexprs: int() pins symbolic sizes
                 HAS_BIAS=bias is not None,
-                PIXEL_MAJOR=_pixel_major(x),
+                PIXEL_MAJOR=x_pixel_major,
             )  # fmt: skip
-        else:
-            group_f = n_filters // groups
+        return out
 
-            def gemm_grid(meta):
-                tiles = triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(group_f, meta["BLOCK_N"])
-                return (tiles, groups)
+    x_pixel_major = _pixel_major(x)
+    if NCHW_VIA_CHANNELS_LAST and x_pixel_major:
+        # Measured on an H100 (fp16 32x64x56x56, 64 3x3 filters): the NCHW gather ran at
+        # 13 TFLOP/s, the NHWC one at 122. One tiled transpose of x (a read and a write: 26 MB
+        # there, under 10 us at the memory bandwidth) costs far less, and the kernel writes the
+        # NCHW output itself.
+        x = to_channels_last(x)
+        x_pixel_major = False
+    channel_tiled = uses_channel_tiles(group_c)
+    if channel_tiled:
+        # The weight in channels-last memory, (F, KH, KW, Cg): K-major rows, see the kernel. A
+        # network converted with .to(memory_format=torch.channels_last) already has it (no copy);
+        # otherwise a copy of a few kilobytes per call.
+        weight = weight.contiguous(memory_format=torch.channels_last)
+        stride_wf, stride_wk = kh * kw * group_c, 1
+    else:
+        weight = weight.permute(2, 3, 1, 0).contiguous()  # (KH, KW, Cg, F): rows along F
+        stride_wf, stride_wk = 1, n_filters
+    group_f = n_filters // groups
 
-            wrap_triton(conv2d_implicit_gemm_kernel)[gemm_grid](
-                x, w_rows, out, bias_arg,
-                *geometry,
-                group_c, group_f, n_filters, kh, kw,
-                *strides, *conv_args,
-                _bucket(m),
-                HAS_BIAS=bias is not None,
-                CHANNEL_TILED=uses_channel_tiles(group_c),
-                X_PIXEL_MAJOR=_pixel_major(x),
-                Y_PIXEL_MAJOR=_pixel_major(out),
-                INPUT_PRECISION=_input_precision(x.dtype),
-                DOT_IN_FP32=runtime.INTERPRET and x.dtype == torch.bfloat16,
-            )  # fmt: skip
-    if out is not result:
-        result.copy_(out)
-    return result
+    def gemm_grid(meta):
+        tiles = runtime.cdiv(m, meta["BLOCK_M"]) * runtime.cdiv(group_f, meta["BLOCK_N"])
+        return (tiles, groups)
+
+    with runtime.device_guard(x):
+        wrap_triton(conv2d_implicit_gemm_kernel)[gemm_grid](
+            x, weight, out, bias_arg,
+            h, w, ow, ohw, m,
+            group_c, group_f,
+            *x.stride(), stride_wf, stride_wk, stride_yn, stride_yc, stride_yp, *conv_args,
+            _bucket(m),
+            KH=int(kh), KW=int(kw),  # constexprs: int() pins symbolic sizes
+            HAS_BIAS=bias is not None,
+            CHANNEL_TILED=channel_tiled,
+            EVEN_CHANNELS=bool(group_c % 64 == 0),
+            X_PIXEL_MAJOR=x_pixel_major,
+            Y_PIXEL_MAJOR=stride_yp < stride_yc,
+            INPUT_PRECISION=_input_precision(x.dtype),
+            DOT_IN_FP32=runtime.INTERPRET and x.dtype == torch.bfloat16,
+        )  # fmt: skip
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -677,6 +765,8 @@ _conv2d.register_autograd(_conv2d_backward, setup_context=_conv2d_setup_context)
 # --------------------------------------------------------------------------------------------
 def _pair(value, name: str, *, minimum: int) -> list[int]:
     """An int or a sequence of 1 or 2 ints, as torch accepts them, checked against ``minimum``."""
+    if type(value) is int and value >= minimum:  # the common case, first (bool is not int here)
+        return [value, value]
     items = [value] if isinstance(value, int) else value
     if not isinstance(items, (tuple, list)) or len(items) not in (1, 2):
         raise TypeError(f"{name} must be an int or a tuple of 2 ints, got {value!r}")
@@ -691,6 +781,8 @@ def _pair(value, name: str, *, minimum: int) -> list[int]:
 
 def _padding_amounts(padding, weight, dilation, stride) -> list[int]:
     """[top, bottom, left, right]."""
+    if type(padding) is int and padding >= 0:
+        return [padding, padding, padding, padding]
     if isinstance(padding, str):
         if padding not in PADDING_MODES:
             raise ValueError(
@@ -710,16 +802,44 @@ def _padding_amounts(padding, weight, dilation, stride) -> list[int]:
     return [p[0], p[0], p[1], p[1]]
 
 
-def _check_conv_args(x, weight, bias, stride, padding, dilation, groups):
-    runtime.check_tensor(x, "x", dtypes=FLOAT_DTYPES, ndim=(3, 4))
-    runtime.check_tensor(weight, "weight", dtypes=FLOAT_DTYPES, ndim=4)
-    runtime.check_same_dtype(x=x, weight=weight)
-    if bias is not None:
-        runtime.check_tensor(bias, "bias", dtypes=FLOAT_DTYPES, ndim=1)
-        runtime.check_same_dtype(x=x, bias=bias)
-    runtime.check_same_device(x=x, weight=weight, bias=bias)
+#: Where the kernels can read tensors (see runtime.check_kernel_device).
+_KERNEL_DEVICE_TYPES = ("cuda", "cpu") if runtime.INTERPRET else ("cuda",)
 
-    if isinstance(groups, bool) or not isinstance(groups, int):
+
+def _tensors_pass(x, weight, bias) -> bool:
+    """Whether the tensor checks of :func:`_check_conv_args` pass, in a fraction of their time
+    (every call pays this; the full checks, with their messages, run only when it says no)."""
+    if not (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)):
+        return False
+    dtype, device = x.dtype, x.device
+    if (
+        dtype not in FLOAT_DTYPES
+        or weight.dtype != dtype
+        or device.type not in _KERNEL_DEVICE_TYPES
+        or weight.device != device
+        or x.dim() not in (3, 4)
+        or weight.dim() != 4
+    ):
+        return False
+    return bias is None or (
+        isinstance(bias, torch.Tensor)
+        and bias.dtype == dtype
+        and bias.device == device
+        and bias.dim() == 1
+    )
+
+
+def _check_conv_args(x, weight, bias, stride, padding, dilation, groups):
+    if not _tensors_pass(x, weight, bias):
+        runtime.check_tensor(x, "x", dtypes=FLOAT_DTYPES, ndim=(3, 4))
+        runtime.check_tensor(weight, "weight", dtypes=FLOAT_DTYPES, ndim=4)
+        runtime.check_same_dtype(x=x, weight=weight)
+        if bias is not None:
+            runtime.check_tensor(bias, "bias", dtypes=FLOAT_DTYPES, ndim=1)
+            runtime.check_same_dtype(x=x, bias=bias)
+        runtime.check_same_device(x=x, weight=weight, bias=bias)
+
+    if type(groups) is not int and (isinstance(groups, bool) or not isinstance(groups, int)):
         raise TypeError(f"groups must be an int, got {type(groups).__name__}")
     if groups < 1:
         raise ValueError(f"groups must be positive, got {groups}")
@@ -749,15 +869,18 @@ def _check_conv_args(x, weight, bias, stride, padding, dilation, groups):
     stride = _pair(stride, "stride", minimum=1)
     dilation = _pair(dilation, "dilation", minimum=1)
     padding = _padding_amounts(padding, weight, dilation, stride)
-    for axis, size, k, d, before, after in (
-        ("height", x.shape[-2], kh, dilation[0], padding[0], padding[1]),
-        ("width", x.shape[-1], kw, dilation[1], padding[2], padding[3]),
-    ):
-        if size + before + after < d * (k - 1) + 1:
-            raise ValueError(
-                f"weight's dilated kernel {axis} {d * (k - 1) + 1} is larger than x's padded "
-                f"{axis} {size} + {before + after}: the output would be empty"
-            )
+    height, width = x.shape[-2:]
+    if (height + padding[0] + padding[1] < dilation[0] * (kh - 1) + 1
+            or width + padding[2] + padding[3] < dilation[1] * (kw - 1) + 1):  # fmt: skip
+        for axis, size, k, d, before, after in (
+            ("height", height, kh, dilation[0], padding[0], padding[1]),
+            ("width", width, kw, dilation[1], padding[2], padding[3]),
+        ):
+            if size + before + after < d * (k - 1) + 1:
+                raise ValueError(
+                    f"weight's dilated kernel {axis} {d * (k - 1) + 1} is larger than x's padded "
+                    f"{axis} {size} + {before + after}: the output would be empty"
+                )
     return stride, padding, dilation
 
 

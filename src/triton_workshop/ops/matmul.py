@@ -18,6 +18,17 @@
    ragged sequence lengths does not retune for every length), and caches the winner. In the
    interpreter it keeps only the first config, so that one is a good general one.
 
+**Ragged shapes.** The loop is fast only while every load in it is a 16-byte vector: that is what
+Hopper's asynchronous copies move, and what lets Triton keep several K steps in flight. Triton must
+*prove* it from the launch arguments: a pointer counts as aligned when ``data_ptr % 16 == 0`` bytes,
+but a stride only when ``stride % 16 == 0`` *elements*; and a mask along the contiguous dimension
+must be constant over each vector, so its bound a multiple of 8 fp16 elements. A ragged K (7777) or
+N (2100) broke both, and fp16 5012x2100x7777 ran at 95 TFLOP/s on an H100 (cuBLAS: ~120). So the
+launcher copies an operand with strides Triton cannot see aligned into rows padded to 16 elements
+(``_aligned``), and the main loop has no masks at all: it runs over whole ``BLOCK_K`` steps, with
+the ragged end of K one masked step after it, and edge tiles read their rows past M (columns past
+N) wrapped around to the start instead of masked; those land only in results never stored.
+
 The epilogue (``+ bias``, then ReLU / leaky ReLU / GELU) runs on the fp32 accumulator before the
 single store: ``act(A @ B + bias)`` costs one write of C instead of three passes over it.
 
@@ -87,6 +98,10 @@ CONFIGS = [
     _config(32, 64, 32, 5, 2),
     _config(16, 64, 128, 4, 4, group_m=1),
 ]
+
+
+#: The largest tile side any config uses: bounds an offset inside an output tile.
+_MAX_BLOCK = max(max(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) for c in CONFIGS)
 
 
 def _shared_memory_bytes(config: triton.Config, element_size: int) -> int:
@@ -167,6 +182,15 @@ def grouped_tile(pid, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
     return pid_m, pid_n
 
 
+@triton.jit
+def _mma(a, b, acc, INPUT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr):
+    if DOT_IN_FP32:
+        # Interpreter only (bf16 dots are wrong there); the GPU keeps native bf16 tensor cores.
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    return tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+
+
 @runtime.autotune(
     configs=CONFIGS,
     # Buckets, not M/N/K: a new length in the same power-of-two bucket reuses the tuned config.
@@ -184,6 +208,9 @@ def matmul_kernel(
     stride_bias,
     slope,
     M_BUCKET, N_BUCKET, K_BUCKET,
+    A_M_GRAIN: tl.constexpr, A_K_GRAIN: tl.constexpr,
+    B_K_GRAIN: tl.constexpr, B_N_GRAIN: tl.constexpr,
+    INT32_TILE_OFFSETS: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     ACTIVATION: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
@@ -191,6 +218,12 @@ def matmul_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):  # fmt: skip
+    """``act(A @ B + bias)``, one output tile a program.
+
+    Each ``*_GRAIN`` (from :func:`_grain`) is the multiple of elements the kernel may round that
+    operand dimension up to when it reads: the elements in 16 bytes along the contiguous dim of
+    an aligned operand, where the compiler moves 16-byte vectors (the extra elements lie in the
+    row's padding or its last 16-byte sector, so never across a page), 1 (exact) elsewhere."""
     # One program per output tile; the batch is folded into axis 0 (axis 1 stops at 65535).
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -206,38 +239,94 @@ def matmul_kernel(
     offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K).to(tl.int64)
-    mask_m = offs_m < M
-    mask_n = offs_n < N
+
+    # No masks on the main loop's loads. Hopper's asynchronous copies (cp.async, 16 bytes) need
+    # the compiler to prove each 16-byte vector aligned and wholly in or out of the mask; a mask
+    # bound along the contiguous dimension that is not a multiple of 16 elements (K = 7777 for a
+    # row-major A, N = 2100 for B) proves neither, and that operand falls to 2-byte loads staged
+    # through registers, without the multi-stage pipeline. So the rows of an edge tile past M
+    # (columns past N) read rows (columns) wrapped around to the start instead: real memory,
+    # products that land only in rows (columns) never stored. The hints restore the contiguity
+    # the modulo hides; wrapping at a whole number of vectors keeps every vector aligned.
+    m_wrap = tl.cdiv(M, A_M_GRAIN) * A_M_GRAIN
+    n_wrap = tl.cdiv(N, B_N_GRAIN) * B_N_GRAIN
+    rows_a = tl.max_contiguous(tl.multiple_of(offs_m % m_wrap, BLOCK_M), BLOCK_M)
+    cols_b = tl.max_contiguous(tl.multiple_of(offs_n % n_wrap, BLOCK_N), BLOCK_N)
 
     # Strides, not shapes: a transposed or sliced operand (b = w.t(), b[:, ::2]) is read in place.
-    a_ptrs = a_ptr + batch * stride_ab + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
-    b_ptrs = b_ptr + batch * stride_bb + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
+    a_ptrs = a_ptr + batch * stride_ab + rows_a[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + batch * stride_bb + offs_k[:, None] * stride_bk + cols_b[None, :] * stride_bn
 
     # fp32 accumulator whatever the inputs: an fp16 running sum of K products would lose the low
     # bits of every product once the sum is large (and overflow at 65504).
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        # other=0 on the K tail: a zero times anything adds nothing, so a ragged K needs no
-        # separate code path. Rows past M / columns past N read zeros too and are never stored.
-        k_left = K - k * BLOCK_K
-        a = tl.load(a_ptrs, mask=mask_m[:, None] & (offs_k[None, :] < k_left), other=0.0)
-        b = tl.load(b_ptrs, mask=(offs_k[:, None] < k_left) & mask_n[None, :], other=0.0)
-        if DOT_IN_FP32:
-            # Interpreter only (bf16 dots are wrong there); the GPU keeps native bf16 tensor cores.
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+    k_full = K // BLOCK_K
+    for _ in range(0, k_full):
+        acc = _mma(tl.load(a_ptrs), tl.load(b_ptrs), acc, INPUT_PRECISION, DOT_IN_FP32)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
+    # The ragged end of K, once per tile, after the pipelined loop. Its loads still move whole
+    # 16-byte vectors where K is contiguous (2-byte loads, one 64-bit address each, cost ~50 more
+    # registers a thread for the whole kernel: fewer tiles resident per SM); what they read past
+    # K is then zeroed on both sides, since the padding may hold anything and NaN * 0 is NaN.
+    k_left = K - k_full * BLOCK_K
+    if k_left > 0:
+        in_k = offs_k < k_left
+        a = tl.load(a_ptrs, mask=offs_k[None, :] < tl.cdiv(k_left, A_K_GRAIN) * A_K_GRAIN, other=0.0)
+        b = tl.load(b_ptrs, mask=offs_k[:, None] < tl.cdiv(k_left, B_K_GRAIN) * B_K_GRAIN, other=0.0)
+        a = tl.where(in_k[None, :], a, 0.0)
+        b = tl.where(in_k[:, None], b, 0.0)
+        acc = _mma(a, b, acc, INPUT_PRECISION, DOT_IN_FP32)
 
     # Epilogue on the fp32 accumulator, before the one rounding to the output dtype.
     if HAS_BIAS:
-        bias = tl.load(bias_ptr + offs_n * stride_bias, mask=mask_n, other=0.0)
+        bias = tl.load(bias_ptr + offs_n * stride_bias, mask=offs_n < N, other=0.0)
         acc += bias.to(tl.float32)[None, :]
     acc = _apply_activation(acc, slope, ACTIVATION)
 
-    c_ptrs = c_ptr + batch * stride_cb + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+    # One 64-bit address for the tile's corner, 32-bit offsets within it (INT32_TILE_OFFSETS:
+    # the launcher checked they fit), masks against what is left of M and N past the corner.
+    # A 64-bit offset and a mask per element held ~80 more registers a thread on a ragged M and N
+    # (210 against 126 at 128x128: one tile resident per SM instead of two) and made the GELU
+    # epilogue spill at 128x256.
+    tile_m = tl.arange(0, BLOCK_M)
+    tile_n = tl.arange(0, BLOCK_N)
+    if not INT32_TILE_OFFSETS:
+        tile_m = tile_m.to(tl.int64)
+        tile_n = tile_n.to(tl.int64)
+    c_corner = (c_ptr + batch * stride_cb + pid_m.to(tl.int64) * BLOCK_M * stride_cm
+                + pid_n.to(tl.int64) * BLOCK_N * stride_cn)
+    c_ptrs = c_corner + (tile_m[:, None] * stride_cm + tile_n[None, :] * stride_cn)
+    in_c = (tile_m[:, None] < M - pid_m * BLOCK_M) & (tile_n[None, :] < N - pid_n * BLOCK_N)
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=in_c)
+
+
+@triton.jit
+def pad_copy_kernel(
+    src_ptr, dst_ptr,
+    rows, cols, cols_padded,
+    stride_sb, stride_sr, stride_sc,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+):  # fmt: skip
+    """``dst[b, r, :] = src[b, r, :]`` followed by zeros up to ``cols_padded``; dst contiguous.
+
+    One pass: the reads are as narrow as the source's alignment allows (2 bytes for a ragged
+    fp16 row), but each warp still reads consecutive elements; the writes, to rows a multiple of
+    16 elements long, are 16-byte vectors. Writing the padding too (zeros) costs nothing extra in
+    those vectors and leaves no uninitialised memory behind for a debugger to trip on."""
+    # One grid axis (the others stop at 65535), column blocks fastest: neighbours share rows.
+    pid = tl.program_id(0)
+    col_blocks = tl.cdiv(cols_padded, BLOCK_C)
+    row_blocks = tl.cdiv(rows, BLOCK_R)
+    pid_r = pid // col_blocks
+    batch = (pid_r // row_blocks).to(tl.int64)
+    offs_r = (pid_r % row_blocks).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_c = (pid % col_blocks).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
+    in_rows = offs_r[:, None] < rows
+    src = src_ptr + batch * stride_sb + offs_r[:, None] * stride_sr + offs_c[None, :] * stride_sc
+    x = tl.load(src, mask=in_rows & (offs_c[None, :] < cols), other=0)
+    dst = dst_ptr + (batch * rows + offs_r[:, None]) * cols_padded + offs_c[None, :]
+    tl.store(dst, x, mask=in_rows & (offs_c[None, :] < cols_padded))
 
 
 # --------------------------------------------------------------------------------------------
@@ -293,49 +382,88 @@ def _k_major(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     on the GPU: the interpreter has no such instruction."""
     if runtime.INTERPRET:
         return a, b
-    if a.stride(-1) != 1:
-        a = a.contiguous()
-    if b.stride(-2) != 1:
-        b = b.transpose(-1, -2).contiguous().transpose(-1, -2)
-    return a, b
+    return _aligned(a, contiguous_dim=-1), _aligned(b, contiguous_dim=-2)
 
 
-# On the GPU, operands whose rows are not 16-byte aligned are copied into aligned storage first
+# On the GPU, operands Triton cannot prove 16-byte aligned are copied into aligned storage first
 # (see _aligned). The interpreter reads them in place, which keeps that path tested on CPU.
 ALIGN_OPERANDS = not runtime.INTERPRET
 
+#: Triton specialises an integer argument (a stride) as "divisible by 16" when its *value* is,
+#: i.e. in elements, whatever the dtype; no weaker divisibility is ever assumed.
+_STRIDE_UNIT = 16
+
+
+def _contiguous_dim(t: torch.Tensor) -> int | None:
+    """Which of the last two dims is contiguous (-1 or -2): the one with unit stride, else one of
+    size 1 (a single row or column, whatever its stride); None when neither is."""
+    for dim in (-1, -2):
+        if t.stride(dim) == 1 and t.shape[dim] > 1:
+            return dim
+    for dim in (-1, -2):
+        if t.shape[dim] == 1:
+            return dim
+    return None
+
 
 def _is_aligned(t: torch.Tensor) -> bool:
-    # The storage offset, not data_ptr(): fake tensors under torch.compile have no data pointer,
-    # and PyTorch's allocators hand out storage aligned to far more than 16 bytes.
-    item = t.element_size()
-    return (t.storage_offset() * item) % 16 == 0 and all(
-        (stride * item) % 16 == 0 for stride, size in zip(t.stride(), t.shape) if stride != 1 and size > 1
+    """Whether Triton can read ``t`` with 16-byte loads, judging from the launch arguments alone.
+
+    It specialises a pointer on ``data_ptr % 16`` bytes but a stride only on ``stride % 16``
+    *elements*: an fp16 row of 7784 elements, 16-byte aligned, still compiles to 2-byte loads.
+    So: one contiguous dim, and every other stride a multiple of 16 elements. A matrix with no
+    unit stride (``b[:, ::2]``) is gathered element by element and fails this, as does an
+    overlapping view with two. The storage offset stands in for data_ptr(): fake tensors under
+    torch.compile have no data pointer, and PyTorch's allocators hand out storage aligned to far
+    more than 16 bytes."""
+    dim = _contiguous_dim(t)
+    if dim is None or (t.storage_offset() * t.element_size()) % 16 != 0:
+        return False
+    contiguous = t.dim() + dim
+    return all(
+        t.stride(d) % _STRIDE_UNIT == 0 for d in range(t.dim()) if d != contiguous and t.shape[d] > 1
     )
 
 
-def _aligned(t: torch.Tensor) -> torch.Tensor:
-    """``t`` itself, or a copy whose rows start on 16-byte boundaries.
+def _aligned(t: torch.Tensor, contiguous_dim: int | None = None) -> torch.Tensor:
+    """``t`` itself, or a copy laid out with ``contiguous_dim`` (by default the one already
+    contiguous) contiguous and its rows padded to a multiple of 16 elements (see _is_aligned).
 
-    Triton specialises a kernel on strides divisible by 16 bytes: only then can it issue 16-byte
-    loads (and Hopper's asynchronous copies). A ragged K such as 7777 fp16 elements breaks that
-    for every row and the product falls to 2-byte loads (a helper measured torch.compile, which
-    pads, ~6x faster at 5012x2100x7777). One copy of the operand into rows padded to a multiple
-    of 16 bytes (the padding is never read: the K mask stops at K) costs far less."""
-    if _is_aligned(t):
+    Unaligned, the product falls to 2-byte loads and loses its software pipeline: fp16
+    5012x2100x7777 ran at 95 TFLOP/s on an H100, against ~510 for torch.compile, which pads.
+    The copy costs about one read and one write of the operand. Its padding is zeros, and the
+    kernel never lets it reach a stored result anyway (see matmul_kernel)."""
+    dim = contiguous_dim if contiguous_dim is not None else _contiguous_dim(t)
+    if dim is None:
+        dim = -1  # strided both ways: make rows contiguous
+    if _is_aligned(t) and (t.stride(dim) == 1 or t.shape[dim] == 1):
         return t
-    unit = 16 // t.element_size()  # elements in 16 bytes
-    inner = -1 if t.stride(-1) == 1 or t.shape[-1] == 1 else -2  # the contiguous dim
-    shape = list(t.shape)
-    padded = shape.copy()
-    padded[inner] = triton.cdiv(shape[inner], unit) * unit
-    if inner == -1:
-        buf = t.new_empty(padded)
-        view = buf[..., : shape[-1]]
-    else:
-        buf = t.new_empty(padded[:-2] + [padded[-1], padded[-2]]).transpose(-1, -2)
-        view = buf[..., : shape[-2], :]
-    return view.copy_(t)
+    src = t if dim == -1 else t.transpose(-1, -2)  # (..., rows, cols), cols to become contiguous
+    rows, cols = src.shape[-2:]
+    padded = runtime.cdiv(cols, _STRIDE_UNIT) * _STRIDE_UNIT
+    buf = t.new_empty((*src.shape[:-1], padded))
+    batch = src.shape[0] if src.dim() == 3 else 1
+    block_r, block_c = 32, 128
+    grid = (batch * runtime.cdiv(rows, block_r) * runtime.cdiv(padded, block_c),)
+    with runtime.device_guard(t):
+        wrap_triton(pad_copy_kernel)[grid](
+            src, buf, rows, cols, padded,
+            src.stride(0) if src.dim() == 3 else 0, src.stride(-2), src.stride(-1),
+            BLOCK_R=block_r, BLOCK_C=block_c, num_warps=4,
+        )  # fmt: skip
+    view = buf[..., :cols]
+    return view if dim == -1 else view.transpose(-1, -2)
+
+
+def _grain(t: torch.Tensor, dim: int) -> int:
+    """How far matmul_kernel may read past the end of ``t``'s dim ``dim``: to a whole number of
+    16-byte vectors, in elements, where ``dim`` is the contiguous dim of an aligned operand (the
+    compiler reads such vectors along it, so wrapping or masking at a finer grain would misalign
+    them or break them up); 1, nothing past the end, elsewhere. Those reads stay within the last
+    16-byte sector of the row, or its padding."""
+    if t.shape[dim] > 1 and t.stride(dim) == 1 and _is_aligned(t):
+        return 16 // t.element_size()
+    return 1
 
 
 def _input_precision(dtype: torch.dtype) -> str:
@@ -407,6 +535,9 @@ def _matmul(
             bias.stride(0) if bias is not None else 0,
             slope,
             _bucket(M), _bucket(N), _bucket(K),
+            A_M_GRAIN=_grain(a, -2), A_K_GRAIN=_grain(a, -1),
+            B_K_GRAIN=_grain(b, -2), B_N_GRAIN=_grain(b, -1),
+            INT32_TILE_OFFSETS=bool(_MAX_BLOCK * (out.stride(-2) + out.stride(-1)) < 2**31),
             HAS_BIAS=bias is not None,
             ACTIVATION=activation,
             INPUT_PRECISION=precision,
