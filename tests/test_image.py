@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import zlib
 
 import pytest
@@ -9,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from triton_workshop import DEVICE
+from triton_workshop.ops import image as image_ops
 from triton_workshop.ops.image import FILTERS, filter2d, get_filter, greyscale, sepia
 
 FLOAT_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -216,6 +218,46 @@ def random_kernel(size: int, seed: int) -> torch.Tensor:
     return ((torch.rand(size, size, generator=gen) * 2 - 1) / size).to(DEVICE)
 
 
+@contextlib.contextmanager
+def poisoned_outputs():
+    """New float tensors from ``torch.empty`` come filled with NaN: an output element the kernel
+    never writes then fails the comparison instead of passing on whatever memory held."""
+    real_empty = torch.empty
+
+    def empty(*args, **kwargs):
+        t = real_empty(*args, **kwargs)
+        if t.is_floating_point() and t.device.type != "meta":
+            t.fill_(float("nan"))
+        return t
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch, "empty", empty)
+        yield
+
+
+def filter_poisoned(img, kernel, padding="same"):
+    with poisoned_outputs():
+        return filter2d(img, kernel, padding)
+
+
+# Launch knobs that make a small image span several column strips (32 threads a program) and
+# several chunks of rows (8 at least), so the interpreter covers the edges between them.
+SMALL_PROGRAMS = {"FILTER_NUM_WARPS": 1, "FILTER_MIN_ROWS": 8}
+
+
+@pytest.fixture
+def small_programs(monkeypatch):
+    for name, value in SMALL_PROGRAMS.items():
+        monkeypatch.setattr(image_ops, name, value)
+
+
+def filter_plan(img, size, padding):
+    """The launch plan of ``filter2d(img, kernel of size K, padding)``."""
+    _, out_height, out_width = image_ops._filter2d_geometry(img, torch.empty(size, size), padding)
+    planes = img.shape[:-2].numel()
+    return image_ops._filter2d_plan(img, size, planes, out_height, out_width)
+
+
 def test_named_filters_values():
     assert set(FILTERS) == {"sharpen", "edge", "gaussian", "motion_blur", "sobel_x", "sobel_y"}
     for name, kernel in FILTERS.items():
@@ -252,10 +294,11 @@ def test_named_filters(name, dtype, padding):
 @pytest.mark.parametrize("padding", ["same", "valid"])
 @pytest.mark.parametrize("size", [1, 3, 7, 11, 15])
 def test_kernel_sizes(size, padding):
-    # One plane, one tile: K = 15 is 225 taps, and each tap is a Python step in the interpreter.
+    # One plane, one strip: K = 15 is 225 taps, and each is a Python step in the interpreter.
     img = random_image((1, 20, 23), torch.float32, seed=size)
     kernel = random_kernel(size, seed=100 + size)
-    assert_matches(filter2d(img, kernel, padding), filter_reference(img, kernel, padding), torch.float32)
+    out = filter_poisoned(img, kernel, padding)
+    assert_matches(out, filter_reference(img, kernel, padding), torch.float32)
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
@@ -267,17 +310,77 @@ def test_kernel_sizes(size, padding):
 def test_filter_shapes(shape, dtype):
     img = random_image(shape, dtype, seed=seed_of(shape, str(dtype)))
     kernel = random_kernel(3, seed=7)
-    assert_matches(filter2d(img, kernel), filter_reference(img, kernel, "same"), dtype)
+    assert_matches(filter_poisoned(img, kernel), filter_reference(img, kernel, "same"), dtype)
     if min(shape[-2:]) >= 3:
-        valid = filter2d(img, kernel, padding="valid")
+        valid = filter_poisoned(img, kernel, padding="valid")
         assert valid.shape == (*shape[:-2], shape[-2] - 2, shape[-1] - 2)
         assert_matches(valid, filter_reference(img, kernel, "valid"), dtype)
+
+
+@pytest.mark.parametrize("padding", ["same", "valid"])
+@pytest.mark.parametrize("size", [1, 3, 5, 7])
+def test_filter_strips_and_chunks(size, padding, small_programs):
+    # 150 columns: a 128-column strip and a ragged one (22 columns, K - 1 fewer for "valid");
+    # 29 rows: chunks of max(8, 2 (K - 1)) rows, the last one ragged. Two planes, unbatched.
+    img = random_image((2, 29, 150), torch.float32, seed=seed_of("strips", size, padding))
+    kernel = random_kernel(size, seed=200 + size)
+    plan = filter_plan(img, size, padding)
+    assert plan.n_strips == 2 and plan.n_chunks >= 2 and plan.preload_taps
+    out = filter_poisoned(img, kernel, padding)
+    assert_matches(out, filter_reference(img, kernel, padding), torch.float32)
+
+
+@pytest.mark.parametrize("padding", ["same", "valid"])
+@pytest.mark.parametrize("size", [3, 5])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_filter_half_precision_strips(dtype, size, padding, small_programs):
+    # 16-bit pixels: 8 columns a thread, 256-column strips; 300 columns make two, batched.
+    img = random_image((1, 2, 21, 300), dtype, seed=seed_of("half", str(dtype), size, padding))
+    kernel = random_kernel(size, seed=300 + size)
+    plan = filter_plan(img, size, padding)
+    assert plan.vec == 8 and plan.n_strips == 2 and plan.n_chunks >= 2
+    assert_matches(filter_poisoned(img, kernel, padding), filter_reference(img, kernel, padding), dtype)
+
+
+@pytest.mark.parametrize("padding", ["same", "valid"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_filter_reloaded_taps(dtype, padding, small_programs, monkeypatch):
+    # The large-K path (taps reloaded every row, 8 columns a thread: two vectors in fp32, no
+    # prefetch), forced at K = 5 where the interpreter runs it quickly.
+    monkeypatch.setattr(image_ops, "FILTER_PRELOAD_MAX_TAPS", 0)
+    img = random_image((2, 27, 300), dtype, seed=seed_of("reload", str(dtype), padding))
+    kernel = random_kernel(5, seed=400)
+    plan = filter_plan(img, 5, padding)
+    assert not plan.preload_taps and plan.blocks * plan.vec == 8
+    assert plan.n_strips == 2 and plan.n_chunks >= 2
+    assert_matches(filter_poisoned(img, kernel, padding), filter_reference(img, kernel, padding), dtype)
+
+
+@pytest.mark.parametrize("padding", ["same", "valid"])
+def test_filter_strided_strips(padding, small_programs):
+    """Views whose rows are not contiguous 16-byte-aligned vectors load element by element;
+    the window and the strip edges must not care."""
+    base = random_image((1, 2, 19, 280), torch.float32, seed=31)
+    kernel = random_kernel(5, seed=32)
+    views = {
+        "every_other_column": base[:, :, :, ::2],  # stride_w = 2: 140 columns, two strips
+        "misaligned": base[0, :, 2:, 1:141],  # starts one element past a 16-byte boundary
+        "channels_last": base.contiguous(memory_format=torch.channels_last)[:, :, :, :140],
+    }
+    for name, view in views.items():
+        assert not view.is_contiguous(), name
+        assert filter_plan(view, 5, padding).n_strips == 2, name
+        out = filter_poisoned(view, kernel, padding)
+        assert_matches(out, filter_reference(view, kernel, padding), torch.float32)
+    # Read in place through the strides, the same arithmetic as on a contiguous copy: equal bits.
+    view = views["every_other_column"]
+    assert torch.equal(filter2d(view, kernel, padding), filter2d(view.contiguous(), kernel, padding))
 
 
 def test_filter_valid_image_as_large_as_kernel():
     img = random_image((2, 5, 5), torch.float32, seed=9)
     kernel = random_kernel(5, seed=10)
-    out = filter2d(img, kernel, "valid")
+    out = filter_poisoned(img, kernel, "valid")
     assert out.shape == (2, 1, 1)
     assert_matches(out, filter_reference(img, kernel, "valid"), torch.float32)
 

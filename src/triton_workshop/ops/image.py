@@ -1,4 +1,4 @@
-"""Image ops: colour transforms on pixel planes, and 2-D filters on tiles with a halo.
+"""Image ops: colour transforms on pixel planes, and 2-D filters that slide down column strips.
 
 An image batch is an ``(N, C, H, W)`` tensor: ``N * C`` planes of ``H * W`` pixels. This file teaches
 two ways to cut such a batch into programs.
@@ -13,12 +13,21 @@ index, which keeps the loads vectorised; any other layout (channels-last, a slic
 in place through its strides, at the cost of a division per pixel, instead of being copied first.
 
 **Filters** (``filter2d``) need a neighbourhood: each output pixel of a ``K x K`` filter reads
-``K * K`` inputs. A program owns a ``BLOCK_H x BLOCK_W`` output tile of one plane, on a 3-D grid
-``(N * C, cdiv(H_out, BLOCK_H), cdiv(W_out, BLOCK_W))``, and for every tap ``(i, j)`` loads the input
-tile shifted by ``(i, j)``. Neighbouring taps, and neighbouring tiles, read almost the same bytes:
-those repeats are served by the L1/L2 caches, so each input pixel comes from DRAM about once and
-the kernel stays close to memory speed for small ``K``. The zero border of ``padding="same"`` costs
-nothing extra: it is the ``other=0.0`` of the masked loads that fall outside the image.
+``K * K`` inputs. Loading the input tile once per tap (``K * K`` shifted, unaligned loads an
+output) is simple, and the repeats hit in cache, but the load units then run out long before
+DRAM does: on an H100 that design moved 64% of copy bandwidth at 3 x 3 and 31% at 5 x 5. So a
+program here walks *down* a strip of columns instead: each thread owns one 16-byte vector of
+output columns (4 fp32, 8 fp16/bf16) and, for each input row, loads the VEC-aligned blocks that
+cover those columns plus the ``K - 1`` columns of halo (16-byte vector loads), splits them into
+registers (``reshape`` + ``split``: no data moves), and adds the row's ``K x K x V`` products
+into the ``K`` output rows that this input row touches. Those rows are a sliding window of
+accumulators, a tuple of ``K * V`` fp32 values carried by the loop: when the window slides, the
+oldest row is complete and is stored, one 16-byte vector a thread. Each input row is loaded
+once: at 3 x 3 or 5 x 5 in fp32, three loads a thread (halo, own vector, halo) for 4 outputs,
+where the tile design issued 9 or 25 loads, most of them scalar, for every output.
+The zero border of ``padding="same"`` is the ``other=0.0`` of the masked loads that fall outside
+the image. The grid is 1-D: (plane, chunk of rows, strip of columns) per program; a chunk's
+first ``K - 1`` input rows only warm its window up, so chunks are tall.
 
 Numerics: float images are computed in fp32 and rounded once on the store. uint8 images are
 computed *exactly*, in integer thousandths (the colour weights have three decimals), then rounded
@@ -26,6 +35,8 @@ half to even and saturated at 255, so they agree with ``torch.round`` on the exa
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -46,14 +57,22 @@ PADDINGS = ("same", "valid")
 COLOR_BLOCK_SIZE = 1024
 COLOR_NUM_WARPS = 4
 
-# filter2d: a 16 x 128 output tile (2048 outputs, 16 a thread with 4 warps). 128 columns make
-# each row of a shifted load span four to five 128-byte lines, so the horizontal halo (K - 1
-# columns) is a small fraction of what a tile reads. Measured on an H100 against 32 x 64, 64 x 64,
-# 32 x 128 and 8 x 256 tiles with 4 or 8 warps: best or within 3% for K = 3, 5, 15, fp32 and fp16,
-# and 8 warps cost up to 25% at K = 15 in fp16.
-FILTER_BLOCK_H = 16
-FILTER_BLOCK_W = 128
-FILTER_NUM_WARPS = 4
+# filter2d: a program is 2 warps, one 16-byte vector of output columns a thread, so a strip is
+# 256 fp32 or 512 fp16 columns wide (each thread loads its own horizontal halo, so narrow strips
+# cost nothing, and more programs fill the GPU better). Chunks of rows: as tall as gives
+# FILTER_PROGRAMS_PER_SM programs an SM, between max(FILTER_MIN_ROWS, 2 (K - 1)) and
+# FILTER_MAX_ROWS: each chunk re-reads and re-multiplies K - 1 rows of vertical halo. Taps stay
+# in registers up to FILTER_PRELOAD_MAX_TAPS (7 x 7); beyond, the K * K taps would crowd out the
+# K * V accumulators, so they are reloaded from L1 for each row and a thread owns
+# FILTER_LARGE_K_COLUMNS columns to share each reload (8: 2 vectors fp32, 1 vector fp16).
+# Module constants, so a sweep can set them (see scripts/diagnose.py's knobs()).
+FILTER_NUM_WARPS = 2
+FILTER_VECTORS_PER_THREAD = 1
+FILTER_PROGRAMS_PER_SM = 32
+FILTER_MIN_ROWS = 16
+FILTER_MAX_ROWS = 64
+FILTER_PRELOAD_MAX_TAPS = 49
+FILTER_LARGE_K_COLUMNS = 8
 
 # In-plane pixel indices are int32 (cheap division for strided layouts); batch offsets are int64.
 _MAX_PLANE_PIXELS = 2**31 - 1 - COLOR_BLOCK_SIZE
@@ -163,56 +182,188 @@ def sepia_kernel(
     tl.store(blue_out, blue.to(out_dtype), mask=mask)
 
 
+@triton.constexpr_function
+def _bit_reverse(value, bits):
+    """``value`` with its lowest ``bits`` bits in reverse order (compile time)."""
+    return int(format(value, f"0{bits}b")[::-1], 2) if bits else 0
+
+
+@triton.constexpr_function
+def _log2(value):
+    return value.bit_length() - 1
+
+
+@triton.jit
+def _row_window(blocks, N_BLOCKS: tl.constexpr, GROUPS: tl.constexpr, VEC: tl.constexpr):
+    """The columns of ``N_BLOCKS`` ``[GROUPS, VEC]`` blocks, in order, as one tuple of ``[GROUPS]``
+    fp32 tensors: a thread's window of one input row, one register per column.
+
+    Each thread holds whole rows of a block, so this is free: halving the last dimension with
+    ``reshape`` + ``split`` only renames registers. A split takes the even and the odd columns
+    apart, so after log2(VEC) of them the pieces are in bit-reversed column order."""
+    window = ()
+    for b in tl.static_range(N_BLOCKS):
+        parts = (blocks[b],)
+        for level in tl.static_range(_log2(VEC)):
+            halves = ()
+            for p in tl.static_range(1 << level):
+                even, odd = tl.split(tl.reshape(parts[p], (GROUPS, VEC >> (level + 1), 2)))
+                halves = halves + (even, odd)
+            parts = halves
+        for c in tl.static_range(VEC):
+            column = tl.reshape(parts[_bit_reverse(c, _log2(VEC))], (GROUPS,))
+            window = window + (column.to(tl.float32),)
+    return window
+
+
+@triton.jit
+def _store_filter_row(
+    out_ptrs, out_cols, out_limit, values,
+    BLOCKS: tl.constexpr, GROUPS: tl.constexpr, VEC: tl.constexpr,
+):
+    """Store ``BLOCKS * VEC`` ``[GROUPS]`` fp32 columns (a thread's outputs in one row) at
+    ``out_ptrs`` (the first VEC-wide block's), the columns ``< out_limit`` only. The inverse of
+    :func:`_row_window`: joins rebuild each ``[GROUPS, VEC]`` block, stored as one 16-byte vector a
+    thread. One block a store: a wider per-thread tile would be re-laid out (through shared memory)
+    to store consecutive 16-byte vectors from consecutive threads."""
+    for b in tl.static_range(BLOCKS):
+        parts = ()
+        for p in tl.static_range(VEC):
+            parts = parts + (tl.reshape(values[b * VEC + _bit_reverse(p, _log2(VEC))], (GROUPS, 1)),)
+        for level in tl.static_range(_log2(VEC)):
+            joined = ()
+            for p in tl.static_range(VEC >> (level + 1)):
+                pair = tl.join(parts[2 * p], parts[2 * p + 1])
+                joined = joined + (tl.reshape(pair, (GROUPS, 2 << level)),)
+            parts = joined
+        tile = parts[0].to(out_ptrs.dtype.element_ty)
+        tl.store(out_ptrs + b * VEC, tile, mask=out_cols + b * VEC < out_limit)
+
+
+@triton.jit
+def _load_filter_row(row_ptr, row, row_begin, row_end, width, col_offsets, cols, N_BLOCKS: tl.constexpr):
+    """The ``N_BLOCKS`` raw ``[GROUPS, VEC]`` blocks of input row ``row`` (a tuple). A row outside
+    ``[row_begin, row_end)`` and columns outside the image read as zero: the padding of "same"."""
+    # Out-of-range rows get no column in range: a scalar select, not a broadcast scalar mask.
+    row_width = tl.where((row >= row_begin) & (row < row_end), width, 0)
+    blocks = ()
+    for b in tl.static_range(N_BLOCKS):
+        mask = (cols[b] >= 0) & (cols[b] < row_width)
+        blocks = blocks + (tl.load(row_ptr + col_offsets[b], mask=mask, other=0.0),)
+    return blocks
+
+
 @triton.jit
 def filter2d_kernel(
     img_ptr, weight_ptr, out_ptr,
     channels, height, width, out_height, out_width,
     stride_n, stride_c, stride_h, stride_w,
     weight_stride_0, weight_stride_1,
-    K: tl.constexpr, PAD: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr,
+    n_strips, n_chunks, rows_per_program,
+    K: tl.constexpr, PAD: tl.constexpr, GROUPS: tl.constexpr, VEC: tl.constexpr,
+    BLOCKS: tl.constexpr, LEFT_BLOCKS: tl.constexpr, RIGHT_BLOCKS: tl.constexpr,
+    PRELOAD_TAPS: tl.constexpr, PREFETCH: tl.constexpr,
 ):
-    # One plane (image, channel) per index of axis 0; 64-bit because N * C * stride can pass 2**31.
-    plane = tl.program_id(0).to(tl.int64)
+    # Program = (plane, chunk of rows_per_program output rows, strip of GROUPS * V columns);
+    # thread g owns output columns g * V .. g * V + V - 1 of the strip, a whole row at a time.
+    V: tl.constexpr = BLOCKS * VEC
+    N_BLOCKS: tl.constexpr = LEFT_BLOCKS + BLOCKS + RIGHT_BLOCKS
+    # window[t] is input column c0 - LEFT_BLOCKS * VEC + t (c0: the thread's first output
+    # column), so output column c0 + v meets tap column j (input c0 + v + j - PAD) at t = v + j + SKIP.
+    SKIP: tl.constexpr = LEFT_BLOCKS * VEC - PAD
+    pid = tl.program_id(0)
+    strip = pid % n_strips
+    chunk = (pid // n_strips) % n_chunks
+    # 64-bit because N * C * stride can pass 2**31.
+    plane = (pid // n_strips // n_chunks).to(tl.int64)
     image = plane // channels
     channel = plane % channels
-    rows = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    cols = tl.program_id(2) * BLOCK_W + tl.arange(0, BLOCK_W)
-    plane_ptr = img_ptr + image * stride_n + channel * stride_c
 
-    # fp32 accumulation whatever the image dtype: K * K products of fp16/bf16 would lose bits.
-    acc = tl.zeros((BLOCK_H, BLOCK_W), dtype=tl.float32)
-    # The column loop is unrolled (static_range), so the K loads of a row are independent
-    # instructions the compiler can issue back to back: measured 1.2x (K = 3) to 1.6x (K = 5)
-    # faster on an H100 than two rolled loops. The row loop stays rolled: unrolling both made
-    # K = 15 slower than rolled loops (225 copies of the body).
-    for i in range(K):
-        in_rows = rows + (i - PAD)
-        # Rows above or below the image read as zero ("same"); with "valid" only the rows of
-        # output lanes past out_height can fall outside, and those are never stored.
-        row_mask = (in_rows >= 0) & (in_rows < height)
-        row_ptrs = plane_ptr + in_rows.to(tl.int64)[:, None] * stride_h
-        for j in tl.static_range(K):
-            in_cols = cols + (j - PAD)
-            col_mask = (in_cols >= 0) & (in_cols < width)
-            # A scalar load of one tap: the same address in every lane, one broadcast from L1.
-            tap = tl.load(weight_ptr + i * weight_stride_0 + j * weight_stride_1).to(tl.float32)
-            # The tile shifted by (i, j): apart from a halo of K - 1 rows and columns this is
-            # what the previous taps and the neighbouring programs read, so it hits in cache.
-            x = tl.load(
-                row_ptrs + in_cols.to(tl.int64)[None, :] * stride_w,
-                mask=row_mask[:, None] & col_mask[None, :],
-                other=0.0,
-            )
-            acc += x.to(tl.float32) * tap
+    col_base = strip * (GROUPS * V)
+    groups = tl.arange(0, GROUPS)
+    # The thread's input window, as VEC-aligned blocks of VEC columns: LEFT_BLOCKS of halo, the
+    # BLOCKS under its outputs, RIGHT_BLOCKS of halo. Aligned blocks load as 16-byte vectors
+    # (when stride_w == 1 and rows start 16-byte aligned), and the K horizontal shifts of a tap
+    # row come from registers rather than K loads. Row-invariant: computed once.
+    cols = ()
+    col_offsets = ()
+    for b in tl.static_range(N_BLOCKS):
+        block_cols = col_base + groups[:, None] * V + (b - LEFT_BLOCKS) * VEC + tl.arange(0, VEC)[None, :]
+        cols = cols + (block_cols,)
+        col_offsets = col_offsets + (block_cols.to(tl.int64) * stride_w,)
+    # Output columns of each thread's first VEC-wide block.
+    out_cols = col_base + groups[:, None] * V + tl.arange(0, VEC)[None, :]
 
-    out_mask = (rows < out_height)[:, None] & (cols < out_width)[None, :]
-    out_ptrs = (
-        out_ptr
-        + plane * out_height * out_width
-        + rows.to(tl.int64)[:, None] * out_width
-        + cols[None, :]
+    first_out = chunk * rows_per_program
+    end_out = tl.minimum(first_out + rows_per_program, out_height)
+    # The chunk needs input rows first_out - PAD .. end_out - 1 + (K - 1 - PAD); the loads are
+    # masked to the part of that inside the image.
+    first_in = first_out - PAD
+    row_begin = tl.maximum(first_in, 0)
+    row_end = tl.minimum(end_out + (K - 1 - PAD), height)
+
+    if PRELOAD_TAPS:
+        # Small K: the K * K taps stay in registers for the whole program.
+        taps = ()
+        for i in tl.static_range(K):
+            for j in tl.static_range(K):
+                tap = tl.load(weight_ptr + i * weight_stride_0 + j * weight_stride_1).to(tl.float32)
+                taps = taps + (tl.full((GROUPS,), tap, tl.float32),)
+
+    # The sliding window of K output rows that the current input row contributes to, oldest
+    # first: acc[s * V + v] is column v of output row (input row) - (K - 1) + PAD + s, which the
+    # input row meets at tap row K - 1 - s. After each input row the oldest is complete: it is
+    # stored and the window slides by one (a renaming of loop-carried values, not a copy).
+    zero = tl.zeros((GROUPS,), dtype=tl.float32)
+    acc = ()
+    for s in tl.static_range(K * V):
+        acc = acc + (zero,)
+
+    row_ptr = img_ptr + image * stride_n + channel * stride_c + first_in.to(tl.int64) * stride_h
+    out_row_ptr = (
+        out_ptr + plane * out_height * out_width
+        + (first_in - (K - 1) + PAD).to(tl.int64) * out_width + out_cols
     )
-    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+    # Software pipelining (PREFETCH): the next row is loaded before this row's arithmetic and
+    # store (a load cannot move above a store that might alias it), so each warp keeps a row of
+    # loads in flight while it computes.
+    if PREFETCH:
+        pending = _load_filter_row(row_ptr, first_in, row_begin, row_end, width, col_offsets, cols, N_BLOCKS)
+    for row in range(first_in, end_out + (K - 1 - PAD)):
+        if PREFETCH:
+            blocks = pending
+            pending = _load_filter_row(
+                row_ptr + stride_h, row + 1, row_begin, row_end, width, col_offsets, cols, N_BLOCKS,
+            )
+        else:
+            blocks = _load_filter_row(row_ptr, row, row_begin, row_end, width, col_offsets, cols, N_BLOCKS)
+        row_ptr += stride_h
+        if not PRELOAD_TAPS:
+            # Large K: K * K registers of taps would crowd out the accumulators; they are
+            # reloaded (from L1) for each row, and used V times each.
+            taps = ()
+            for i in tl.static_range(K):
+                for j in tl.static_range(K):
+                    tap = tl.load(weight_ptr + i * weight_stride_0 + j * weight_stride_1).to(tl.float32)
+                    taps = taps + (tl.full((GROUPS,), tap, tl.float32),)
+        window = _row_window(blocks, N_BLOCKS, GROUPS, VEC)
+        # K * K * V fused multiply-adds into the K rows of the window: fp32 accumulation
+        # whatever the image dtype (K * K products of fp16/bf16 would lose bits).
+        slid = ()
+        for s in tl.static_range(K):
+            for v in tl.static_range(V):
+                total = acc[s * V + v]
+                for j in tl.static_range(K):
+                    total = tl.fma(taps[(K - 1 - s) * K + j], window[v + j + SKIP], total)
+                slid = slid + (total,)
+        # The oldest row is complete. It is ours unless it lies above the chunk: the first
+        # K - 1 - PAD input rows only warm the window up.
+        out_limit = tl.where(row - (K - 1) + PAD >= first_out, out_width, 0)
+        _store_filter_row(out_row_ptr, out_cols, out_limit, slid, BLOCKS, GROUPS, VEC)
+        out_row_ptr += out_width
+        acc = slid[V:]
+        for v in tl.static_range(V):
+            acc = acc + (zero,)
 
 
 # --------------------------------------------------------------------------------------------
@@ -293,6 +444,40 @@ def _filter2d_fake(img: torch.Tensor, kernel: torch.Tensor, padding: str) -> tor
     return img.new_empty((*img.shape[:-2], out_height, out_width))
 
 
+@dataclass(frozen=True)
+class _FilterPlan:
+    """How filter2d is launched: a 1-D grid of ``programs`` = planes x n_chunks x n_strips."""
+
+    vec: int  # columns in 16 bytes: one vector load
+    blocks: int  # vectors of output columns a thread owns
+    num_warps: int
+    groups: int  # threads of a program
+    n_strips: int
+    n_chunks: int
+    rows_per_program: int
+    preload_taps: bool
+    programs: int
+
+
+def _filter2d_plan(img: torch.Tensor, size: int, planes: int, out_height: int, out_width: int) -> _FilterPlan:
+    vec = 16 // img.element_size()
+    preload = size * size <= FILTER_PRELOAD_MAX_TAPS
+    # Reloaded taps are shared by a thread's columns: more columns, fewer reloads an output.
+    blocks = FILTER_VECTORS_PER_THREAD if preload else max(1, FILTER_LARGE_K_COLUMNS // vec)
+    groups = 32 * FILTER_NUM_WARPS
+    n_strips = runtime.cdiv(out_width, groups * vec * blocks)
+    # Enough programs to fill the GPU several times over, each as tall as that allows: the
+    # K - 1 rows above and below a chunk are read and multiplied again by its neighbours.
+    fewest = max(FILTER_MIN_ROWS, 2 * (size - 1))
+    rows = runtime.cdiv(planes * n_strips * out_height, runtime.num_sms(img.device) * FILTER_PROGRAMS_PER_SM)
+    rows = min(max(rows, fewest), max(FILTER_MAX_ROWS, fewest), out_height)
+    n_chunks = runtime.cdiv(out_height, rows)
+    return _FilterPlan(
+        vec=vec, blocks=blocks, num_warps=FILTER_NUM_WARPS, groups=groups, n_strips=n_strips,
+        n_chunks=n_chunks, rows_per_program=rows, preload_taps=preload, programs=planes * n_chunks * n_strips,
+    )
+
+
 @register_op("filter2d", fake=_filter2d_fake)
 def _filter2d(img: torch.Tensor, kernel: torch.Tensor, padding: str) -> torch.Tensor:
     pad, out_height, out_width = _filter2d_geometry(img, kernel, padding)
@@ -304,19 +489,20 @@ def _filter2d(img: torch.Tensor, kernel: torch.Tensor, padding: str) -> torch.Te
     img4 = _batched(img)
     batch, channels, height, width = img4.shape
     size = kernel.shape[-1]
-    grid = (
-        batch * channels,
-        runtime.cdiv(out_height, FILTER_BLOCK_H),
-        runtime.cdiv(out_width, FILTER_BLOCK_W),
-    )
+    plan = _filter2d_plan(img, size, batch * channels, out_height, out_width)
     with runtime.device_guard(img):
-        wrap_triton(filter2d_kernel)[grid](
+        wrap_triton(filter2d_kernel)[(plan.programs,)](
             img4, kernel, out,
             channels, height, width, out_height, out_width,
             *img4.stride(),
             *kernel.stride(),
-            K=size, PAD=pad, BLOCK_H=FILTER_BLOCK_H, BLOCK_W=FILTER_BLOCK_W,
-            num_warps=FILTER_NUM_WARPS,
+            plan.n_strips, plan.n_chunks, plan.rows_per_program,
+            K=size, PAD=pad, GROUPS=plan.groups, VEC=plan.vec, BLOCKS=plan.blocks,
+            LEFT_BLOCKS=runtime.cdiv(pad, plan.vec),
+            RIGHT_BLOCKS=runtime.cdiv(size - 1 - pad, plan.vec),
+            # Prefetching a row needs its registers; large K has arithmetic enough to hide loads.
+            PRELOAD_TAPS=plan.preload_taps, PREFETCH=plan.preload_taps,
+            num_warps=plan.num_warps,
         )
     return out
 
