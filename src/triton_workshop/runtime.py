@@ -324,11 +324,8 @@ class FastLaunch:
                 self._give_up(exc)
             return compiled
         compiled, grid3, extra = entry
-        values = dict(zip(self.arg_names, args))
-        values.update(kwargs)
-        values.update(extra)
         try:
-            all_args = [values[n] if n in values else self.defaults[n] for n in self.arg_names]
+            all_args = self._all_args(args, kwargs, extra)
             compiled[grid3](*all_args, stream=torch._C._cuda_getCurrentRawStream(device))
         except Exception as exc:  # noqa: BLE001
             self._give_up(exc)
@@ -342,12 +339,17 @@ class FastLaunch:
         extra = dict(self.kernel.best_config.all_kwargs()) if self.autotuned else {}
         extra = {k: v for k, v in extra.items() if k in self.arg_names}
         if callable(grid):
-            values = dict(zip(self.arg_names, args))
-            values.update(kwargs)
-            values.update(extra)
-            grid = grid({n: values.get(n, self.defaults.get(n)) for n in self.arg_names})
+            grid = grid(dict(zip(self.arg_names, self._all_args(args, kwargs, extra))))
         grid3 = (*grid, 1, 1)[:3]
         return compiled, grid3, extra
+
+    def _all_args(self, args, kwargs, extra) -> list:
+        """Every kernel parameter's value, in order (what Triton passes its compiled kernel):
+        positional arguments, keyword arguments, the autotuner's constexprs, then defaults."""
+        values = dict(zip(self.arg_names, args))
+        values.update(kwargs)
+        values.update(extra)
+        return [values[n] if n in values else self.defaults[n] for n in self.arg_names]
 
     @staticmethod
     def _give_up(exc: BaseException) -> None:
