@@ -236,6 +236,33 @@ def section_attention():
                      attn_ops.attn_bwd_dq_kernel)
 
 
+def section_filter2d():
+    print("== filter2d fp32 3x8192x8192 (per-channel KxK, 'same'): knob sweep; copy = ceiling")
+    from triton_workshop.ops import image as image_ops
+
+    img = torch.rand(3, 8192, 8192, device=DEV)
+    nb = 2 * img.numel() * img.element_size()
+    dst = torch.empty_like(img)
+    report("copy", lambda: dst.copy_(img), work=nb, profile=False)
+    sweeps = [{}] + [{"FILTER_NUM_WARPS": w} for w in (1, 4, 8)] + [
+        {"FILTER_VECTORS_PER_THREAD": 2}, {"FILTER_VECTORS_PER_THREAD": 2, "FILTER_NUM_WARPS": 1}] + [
+        {"FILTER_PROGRAMS_PER_SM": p} for p in (4, 8, 16, 64)] + [
+        {"FILTER_MAX_ROWS": r} for r in (32, 128, 256, 512)] + [
+        {"FILTER_MIN_ROWS": 64, "FILTER_MAX_ROWS": 256}, {"FILTER_MIN_ROWS": 128, "FILTER_MAX_ROWS": 512},
+        {"FILTER_NUM_WARPS": 4, "FILTER_MIN_ROWS": 64, "FILTER_MAX_ROWS": 256},
+        {"FILTER_NUM_WARPS": 1, "FILTER_MIN_ROWS": 64, "FILTER_MAX_ROWS": 256}]
+    for k in (3, 5):
+        kernel = torch.randn(k, k, device=DEV)
+        ref = F.conv2d(img[None], kernel.expand(3, 1, k, k), padding=k // 2, groups=3)[0]
+        for vals in sweeps:
+            with knobs(image_ops, **vals):
+                out = tw.filter2d(img, kernel)
+                err = (out - ref).abs().max().item()
+                name = ", ".join(f"{key[7:].lower()}={v}" for key, v in vals.items()) or "default"
+                report(f"filter2d {k}x{k} [{name}] err {err:.1e}", lambda: tw.filter2d(img, kernel),
+                       work=nb, profile=False)
+
+
 def section_cpu():
     """Where the CPU time of one eager call goes (cProfile, per call), for calls whose CPU
     enqueue time rivals their GPU time."""
@@ -249,6 +276,7 @@ def section_cpu():
     dy = torch.randn_like(x)
     xc = torch.randn(32, 64, 56, 56, device=DEV, dtype=torch.float16).contiguous(
         memory_format=torch.channels_last)
+    xn = xc.contiguous()
     wc = torch.randn(64, 64, 3, 3, device=DEV, dtype=torch.float16)
     a = torch.randn(1024, 1024, device=DEV, dtype=torch.float16)
     cases = {
@@ -257,6 +285,7 @@ def section_cpu():
         "layer_norm fwd+bwd": lambda: torch.autograd.grad(tw.layer_norm(x, (8192,), w, b), [x, w, b], dy),
         "torch layer_norm fwd+bwd": lambda: torch.autograd.grad(F.layer_norm(x, (8192,), w, b), [x, w, b], dy),
         "conv2d channels_last": lambda: tw.conv2d(xc, wc, padding=1),
+        "conv2d NCHW": lambda: tw.conv2d(xn, wc, padding=1),
         "matmul 1024^3": lambda: tw.matmul(a, a),
         "add 1024^2": lambda: tw.add(a, a),
     }
@@ -289,7 +318,7 @@ def section_cpu():
     print(f"   fast launch: {'on' if runtime.FAST_LAUNCH else 'OFF'}; launch keys cached: {cached}")
 
 
-SECTIONS = {"softmax": section_softmax, "layer_norm": section_layer_norm, "conv": section_conv,
+SECTIONS = {"softmax": section_softmax, "layer_norm": section_layer_norm, "conv": section_conv, "filter2d": section_filter2d,
             "matmul": section_matmul, "attention": section_attention,
             "cpu": section_cpu}
 
