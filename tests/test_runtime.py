@@ -186,6 +186,24 @@ def test_autotune_keeps_first_config_in_interpreter():
     assert len(_CONFIGS) == 3  # the caller's list is left alone
 
 
+def test_autotune_off_on_gpu_takes_the_first_config_pruning_keeps(monkeypatch):
+    # TRITON_WORKSHOP_AUTOTUNE=0 on a GPU: not blindly configs[0] (it may not fit the shape, as a
+    # D = 256 attention tile overflows shared memory) but the first config the pruning keeps.
+    monkeypatch.setattr(runtime, "INTERPRET", False)
+    monkeypatch.setenv("TRITON_WORKSHOP_AUTOTUNE", "0")
+
+    def prune(configs, named_args, **kwargs):
+        return [c for c in configs if c.kwargs["BLOCK"] >= named_args["min_block"]]
+
+    tuner = runtime.autotune(_CONFIGS, key=["n"], prune_configs_by={"early_config_prune": prune})(
+        _tuned_inc_kernel.fn)
+    assert len(tuner.configs) == 3
+    assert tuner.early_config_prune(_CONFIGS, {"min_block": 32}) == [_CONFIGS[1]]
+    assert tuner.early_config_prune(_CONFIGS, {"min_block": 1}) == [_CONFIGS[0]]
+    plain = runtime.autotune(_CONFIGS, key=["n"])(_tuned_inc_kernel.fn)
+    assert plain.configs == [_CONFIGS[0]]
+
+
 @interpreter_only
 def test_autotuned_kernel_runs_in_interpreter():
     x = torch.zeros(100)

@@ -164,9 +164,21 @@ def autotune(configs: Sequence[triton.Config], key: Sequence[str], **kwargs):
     """``triton.autotune`` on the GPU; in the interpreter only the first config (which must be
     a sensible default), because the interpreter cannot benchmark. ``TRITON_WORKSHOP_AUTOTUNE=0``
     asks for the first config on the GPU too (fast test runs: each config is a compile)."""
-    if INTERPRET or os.environ.get("TRITON_WORKSHOP_AUTOTUNE", "1") == "0":
-        configs = list(configs)[:1]
-    return triton.autotune(configs=list(configs), key=list(key), **kwargs)
+    configs = list(configs)
+    if INTERPRET:
+        configs = configs[:1]
+    elif os.environ.get("TRITON_WORKSHOP_AUTOTUNE", "1") == "0":
+        # The first config the kernel's pruning keeps (configs[0] may not fit every shape: a
+        # D = 256 attention tile overflows shared memory), else simply the first.
+        prune = dict(kwargs.get("prune_configs_by") or {})
+        early = prune.get("early_config_prune")
+        if early is None:
+            configs = configs[:1]
+        else:
+            prune["early_config_prune"] = lambda cfgs, named_args, **kw: list(
+                early(cfgs, named_args, **kw))[:1]
+            kwargs["prune_configs_by"] = prune
+    return triton.autotune(configs=configs, key=list(key), **kwargs)
 
 
 def num_sms(device: torch.device | None = None) -> int:

@@ -456,6 +456,8 @@ def attn_fwd_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
+    # Under torch.compile Inductor passes Python floats as fp64: keep the arithmetic in fp32.
+    sm_scale = tl.cast(sm_scale, tl.float32)
     qk_scale = sm_scale * 1.4426950408889634  # scale * log2(e)
 
     full_end, end = _key_ranges(start_m, n_k, BLOCK_M, BLOCK_N, CAUSAL)
@@ -597,6 +599,7 @@ def attn_bwd_dkdv_kernel(
         v = v.to(tl.float32)
     dk = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
+    sm_scale = tl.cast(sm_scale, tl.float32)  # fp64 under torch.compile (see attn_fwd_kernel)
     qk_scale = sm_scale * 1.4426950408889634
 
     zero = start_n * 0
@@ -720,6 +723,7 @@ def attn_bwd_dq_kernel(
     lse2 = tl.load(lse_ptr + row0 + offs_m, mask=mask_m, other=float("inf")) * 1.4426950408889634
     delta = tl.load(delta_ptr + row0 + offs_m, mask=mask_m, other=0.0)
     dq = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
+    sm_scale = tl.cast(sm_scale, tl.float32)  # fp64 under torch.compile (see attn_fwd_kernel)
     qk_scale = sm_scale * 1.4426950408889634
 
     k_ptrs = (k_ptr + batch * stride_kb + kv_head.to(tl.int64) * stride_kh

@@ -110,7 +110,8 @@ def layer_norm_fwd_kernel(
     mean = tl.sum(x, axis=1) / n_cols
     centred = tl.where(mask, x - mean[:, None], 0.0)
     var = tl.sum(centred * centred, axis=1) / n_cols
-    rstd = 1.0 / tl.sqrt(var + eps)
+    # Cast: Inductor passes Python floats as fp64, which would promote the whole row.
+    rstd = 1.0 / tl.sqrt(var + tl.cast(eps, ACC))
     y = centred * rstd[:, None]
     if HAS_WEIGHT:
         y = y * tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(ACC)[None, :]
@@ -156,7 +157,7 @@ def layer_norm_fwd_chunked_kernel(
         mean += delta * (chunk_count / total)
         m2 += chunk_m2 + delta * delta * (count * chunk_count / total)
         count = total
-    rstd = 1.0 / tl.sqrt(m2 / n_cols + eps)
+    rstd = 1.0 / tl.sqrt(m2 / n_cols + tl.cast(eps, ACC))
     tl.store(mean_ptr + row, mean)
     tl.store(rstd_ptr + row, rstd)
 

@@ -134,7 +134,7 @@ def row_stats_kernel(
         m2 += tl.sum(centred * centred, axis=1) + delta * delta * (count * chunk_count / total)
         count = total
     tl.store(mean_ptr + rows, mean, mask=row_mask)
-    tl.store(rstd_ptr + rows, 1.0 / tl.sqrt(m2 / n_cols + eps), mask=row_mask)
+    tl.store(rstd_ptr + rows, 1.0 / tl.sqrt(m2 / n_cols + tl.cast(eps, tl.float32)), mask=row_mask)
 
 
 @triton.jit

@@ -160,7 +160,8 @@ def _apply_activation(x, slope, ACTIVATION: tl.constexpr):
     if ACTIVATION == "relu":
         x = tl.maximum(x, 0.0)
     elif ACTIVATION == "leaky_relu":
-        x = tl.where(x > 0, x, x * slope)
+        # fp32: Inductor passes Python floats as fp64, which would promote the tile.
+        x = tl.where(x > 0, x, x * tl.cast(slope, tl.float32))
     elif ACTIVATION == "gelu":
         # The tanh approximation, as torch.nn.functional.gelu(approximate="tanh");
         # 0.79788... = sqrt(2 / pi).
