@@ -244,17 +244,20 @@ def section_filter2d():
     nb = 2 * img.numel() * img.element_size()
     dst = torch.empty_like(img)
     report("copy", lambda: dst.copy_(img), work=nb, profile=False)
-    sweeps = [{}] + [{"FILTER_NUM_WARPS": w} for w in (1, 4, 8)] + [
-        {"FILTER_VECTORS_PER_THREAD": 2}, {"FILTER_VECTORS_PER_THREAD": 2, "FILTER_NUM_WARPS": 1}] + [
-        {"FILTER_PROGRAMS_PER_SM": p} for p in (4, 8, 16, 64)] + [
-        {"FILTER_MAX_ROWS": r} for r in (32, 128, 256, 512)] + [
-        {"FILTER_MIN_ROWS": 64, "FILTER_MAX_ROWS": 256}, {"FILTER_MIN_ROWS": 128, "FILTER_MAX_ROWS": 512},
-        {"FILTER_NUM_WARPS": 4, "FILTER_MIN_ROWS": 64, "FILTER_MAX_ROWS": 256},
-        {"FILTER_NUM_WARPS": 1, "FILTER_MIN_ROWS": 64, "FILTER_MAX_ROWS": 256}]
+    sweeps = {
+        3: [{}] + [{"FILTER_SMALL_K_NUM_WARPS": w} for w in (2, 4, 16)] + [
+            {"FILTER_MAX_ROWS": r} for r in (32, 128, 512)] + [
+            {"FILTER_MIN_ROWS": 128, "FILTER_MAX_ROWS": 512},
+            {"FILTER_VECTORS_PER_THREAD": 2, "FILTER_SMALL_K_NUM_WARPS": 4}],
+        5: [{}] + [{"FILTER_NUM_WARPS": w} for w in (1, 4)] + [
+            {"FILTER_MEDIUM_K_VECTORS_PER_THREAD": v} for v in (1, 4)] + [
+            {"FILTER_MEDIUM_K_VECTORS_PER_THREAD": 4, "FILTER_NUM_WARPS": 1},
+            {"FILTER_MAX_ROWS": 128}, {"FILTER_MAX_ROWS": 32}],
+    }
     for k in (3, 5):
         kernel = torch.randn(k, k, device=DEV)
         ref = F.conv2d(img[None], kernel.expand(3, 1, k, k), padding=k // 2, groups=3)[0]
-        for vals in sweeps:
+        for vals in sweeps[k]:
             with knobs(image_ops, **vals):
                 out = tw.filter2d(img, kernel)
                 err = (out - ref).abs().max().item()
