@@ -276,13 +276,20 @@ class _Param:
         self.name, self.default, self.has_default = name, default, has_default
 
 
-class CompiledKernel:  # the name FastLaunch checks
+class CompiledKernel:  # the name FastLaunch checks; Triton's launch interface (>= 3.3)
+    function, packed_metadata = "cu-function", "packed"
+
     def __init__(self, log):
         self.log = log
 
-    def __getitem__(self, grid):
+    def run(self, g0, g1, g2, stream, function, packed_metadata, launch_metadata, enter, exit_,
+            *args):  # the C launcher
+        assert (stream, function, packed_metadata) == (7, "cu-function", "packed")
+        self.log.append(("fast", (g0, g1, g2), args))
+
+    def __getitem__(self, grid):  # the runner, taken when a launch hook is set
         def runner(*args, stream=None):
-            self.log.append(("fast", grid, args))
+            self.log.append(("runner", grid, args))
         return runner
 
 
@@ -357,6 +364,17 @@ def test_fast_launch_autotuned_kernel_adds_the_config_and_resolves_the_grid(fast
     fast[grid](x, n)
     assert k.log[1][0] == "fast"
     assert k.log[1][1] == (16, 1, 1) and k.log[1][2] == (x, n, 64)
+
+
+def test_fast_launch_goes_through_the_runner_when_a_launch_hook_is_set(fast_launch, monkeypatch):
+    k = _FakeJit(["x_ptr"])
+    fast = runtime.FastLaunch(k)
+    x = torch.zeros(8)
+    fast[(2,)](x)
+    monkeypatch.setattr(triton.knobs.runtime, "launch_enter_hook", lambda *a: None)
+    fast[(2,)](x)
+    assert [e[0] for e in k.log] == ["triton", "runner"]
+    assert k.log[1][1] == (2, 1, 1) and k.log[1][2] == (x,)
 
 
 def test_fast_launch_hooks_and_failures_fall_back_to_triton(fast_launch, monkeypatch):

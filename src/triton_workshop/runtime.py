@@ -335,10 +335,19 @@ class FastLaunch:
             except Exception as exc:  # noqa: BLE001 - any surprise: stop using the fast path
                 self._give_up(exc)
             return compiled
-        compiled, grid3, extra = entry
+        compiled, grid3, extra, run = entry
         try:
             all_args = self._all_args(args, kwargs, extra)
-            compiled[grid3](*all_args, stream=torch._C._cuda_getCurrentRawStream(device))
+            stream = torch._C._cuda_getCurrentRawStream(device)
+            runtime_knobs = _runtime_knobs()
+            if runtime_knobs is not None and _no_hook(runtime_knobs.launch_enter_hook) \
+                    and _no_hook(runtime_knobs.launch_exit_hook):
+                # What CompiledKernel's runner does when no launch hook is set (Triton >= 3.3),
+                # without building a runner closure and its launch metadata every launch.
+                run(*grid3, stream, compiled.function, compiled.packed_metadata, None, None, None,
+                    *all_args)
+            else:
+                compiled[grid3](*all_args, stream=stream)
         except Exception as exc:  # noqa: BLE001
             self._give_up(exc)
             return self.kernel[grid](*args, **kwargs)
@@ -353,7 +362,7 @@ class FastLaunch:
         if callable(grid):
             grid = grid(dict(zip(self.arg_names, self._all_args(args, kwargs, extra))))
         grid3 = (*grid, 1, 1)[:3]
-        return compiled, grid3, extra
+        return compiled, grid3, extra, compiled.run  # the C launcher (handles loaded by now)
 
     def _all_args(self, args, kwargs, extra) -> list:
         """Every kernel parameter's value, in order (what Triton passes its compiled kernel):
@@ -374,6 +383,17 @@ class FastLaunch:
 
 
 _FAST_LAUNCHERS: dict[int, FastLaunch] = {}
+
+
+def _no_hook(hook) -> bool:
+    """No launch hook: None (Triton 3.3-3.6) or an empty ``HookChain`` (later releases)."""
+    return hook is None or (type(hook).__name__ == "HookChain" and not hook.calls)
+
+
+def _runtime_knobs():
+    """``triton.knobs.runtime`` (launch hooks live there from Triton 3.3 on), else None."""
+    knobs = getattr(triton, "knobs", None)
+    return getattr(knobs, "runtime", None)
 
 
 def _fast_launcher(kernel) -> FastLaunch:

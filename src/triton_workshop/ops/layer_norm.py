@@ -327,7 +327,10 @@ def layer_norm_bwd_sum_partials_kernel(
 # Launchers, registered as ops.
 # --------------------------------------------------------------------------------------------
 def _rows_cols(x: torch.Tensor, norm_ndim: int) -> tuple[int, int]:
-    return math.prod(x.shape[: x.dim() - norm_ndim]), math.prod(x.shape[x.dim() - norm_ndim :])
+    shape = x.shape
+    if norm_ndim == 1 and shape[-1]:  # the common case, without slicing the shape twice
+        return x.numel() // shape[-1], shape[-1]
+    return math.prod(shape[: len(shape) - norm_ndim]), math.prod(shape[len(shape) - norm_ndim :])
 
 
 def _stats_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -551,14 +554,10 @@ def _layer_norm_backward_autograd(ctx, dy, _dmean, _drstd):
     dx, dw, db = layer_norm_backward(
         dy, x, weight, mean, rstd, ctx.norm_ndim, need_dx, need_dw, need_db, ctx.bias_dtype
     )
-    norm_shape = x.shape[x.dim() - ctx.norm_ndim :]
-    return (
-        dx if need_dx else None,
-        dw.view(norm_shape) if need_dw else None,
-        db.view(norm_shape) if need_db else None,
-        None,
-        None,
-    )
+    if ctx.norm_ndim > 1:  # the kernels return flat dweight/dbias
+        norm_shape = x.shape[x.dim() - ctx.norm_ndim :]
+        dw, db = dw.view(norm_shape), db.view(norm_shape)
+    return dx if need_dx else None, dw if need_dw else None, db if need_db else None, None, None
 
 
 layer_norm_forward.register_autograd(
@@ -570,6 +569,17 @@ layer_norm_forward.register_autograd(
 # Public function.
 # --------------------------------------------------------------------------------------------
 def _check_normalized_shape(normalized_shape, x: torch.Tensor) -> tuple[int, ...]:
+    # Fast path (every training step calls this): one int, or a 1-tuple/list of an int, equal to
+    # the last dimension.
+    if type(normalized_shape) is int:
+        shape = (normalized_shape,)
+    elif type(normalized_shape) in (tuple, list, torch.Size) and len(normalized_shape) == 1 \
+            and type(normalized_shape[0]) is int:
+        shape = (normalized_shape[0],)
+    else:
+        shape = None
+    if shape is not None and x.dim() >= 1 and x.shape[-1] == shape[0]:
+        return shape
     if isinstance(normalized_shape, numbers.Integral) and not isinstance(normalized_shape, bool):
         shape = (int(normalized_shape),)
     elif isinstance(normalized_shape, (tuple, list, torch.Size)) and all(
