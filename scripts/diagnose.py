@@ -138,6 +138,25 @@ def section_softmax():
                work=5 * nb, peers={"torch": lambda: torch.autograd.grad(torch.softmax(x, -1), [x], dy)})
 
 
+def section_softmax_long():
+    print("== softmax (fp16) long rows: single block up to SINGLE_BLOCK_MAX_COLS, else multi-block")
+    for m, n in ((2048, 32768), (1024, 65536)):
+        x = torch.randn(m, n, device=DEV, dtype=torch.float16, requires_grad=True)
+        dy = torch.randn_like(x)
+        nb = m * n * 2
+        ref = torch.autograd.grad(torch.softmax(x.float(), -1), [x], dy.float())[0]
+        for limit in (16384, 32768, 65536):
+            with knobs(sm_ops, SINGLE_BLOCK_MAX_COLS=limit):
+                err = (torch.autograd.grad(tw.softmax(x), [x], dy)[0].float() - ref).abs().max().item()
+                report(f"softmax fwd {m}x{n} [single<={limit}]",
+                       lambda: sm_ops.softmax_forward(x.detach(), 1), work=2 * nb, profile=False)
+                report(f"softmax fwd+bwd {m}x{n} [single<={limit}] err {err:.1e}",
+                       lambda: torch.autograd.grad(tw.softmax(x), [x], dy), work=5 * nb,
+                       profile=limit == 16384,
+                       peers={"torch": lambda: torch.autograd.grad(torch.softmax(x, -1), [x], dy)}
+                       if limit == 16384 else None)
+
+
 def section_layer_norm():
     print("== layer_norm (fp16, weight and bias): forward, backward variants, fwd+bwd")
     for m, n in ROW_SIZES[:3] + [(4096, 16384)]:
@@ -321,7 +340,8 @@ def section_cpu():
     print(f"   fast launch: {'on' if runtime.FAST_LAUNCH else 'OFF'}; launch keys cached: {cached}")
 
 
-SECTIONS = {"softmax": section_softmax, "layer_norm": section_layer_norm, "conv": section_conv, "filter2d": section_filter2d,
+SECTIONS = {"softmax": section_softmax, "softmax_long": section_softmax_long,
+            "layer_norm": section_layer_norm, "conv": section_conv, "filter2d": section_filter2d,
             "matmul": section_matmul, "attention": section_attention,
             "cpu": section_cpu}
 
