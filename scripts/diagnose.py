@@ -146,7 +146,7 @@ def section_softmax_long():
         nb = m * n * 2
         ref = torch.autograd.grad(torch.softmax(x.float(), -1), [x], dy.float())[0]
         for limit in (16384, 32768, 65536):
-            with knobs(sm_ops, SINGLE_BLOCK_MAX_COLS=limit):
+            with knobs(sm_ops, SINGLE_BLOCK_MAX_COLS=limit, BACKWARD_SINGLE_BLOCK_MAX_COLS=limit):
                 err = (torch.autograd.grad(tw.softmax(x), [x], dy)[0].float() - ref).abs().max().item()
                 report(f"softmax fwd {m}x{n} [single<={limit}]",
                        lambda: sm_ops.softmax_forward(x.detach(), 1), work=2 * nb, profile=False)
@@ -264,13 +264,11 @@ def section_filter2d():
     dst = torch.empty_like(img)
     report("copy", lambda: dst.copy_(img), work=nb, profile=False)
     sweeps = {
-        3: [{}] + [{"FILTER_SMALL_K_NUM_WARPS": w} for w in (2, 4, 16)] + [
+        3: [{}] + [{"FILTER_NUM_WARPS_BY_K": {3: w}} for w in (2, 4, 16)] + [
             {"FILTER_MAX_ROWS": r} for r in (32, 128, 512)] + [
-            {"FILTER_MIN_ROWS": 128, "FILTER_MAX_ROWS": 512},
-            {"FILTER_VECTORS_PER_THREAD": 2, "FILTER_SMALL_K_NUM_WARPS": 4}],
+            {"FILTER_VECTORS_PER_THREAD_BY_K": {3: 2}, "FILTER_NUM_WARPS_BY_K": {3: 4}}],
         5: [{}] + [{"FILTER_NUM_WARPS": w} for w in (1, 4)] + [
-            {"FILTER_MEDIUM_K_VECTORS_PER_THREAD": v} for v in (1, 4)] + [
-            {"FILTER_MEDIUM_K_VECTORS_PER_THREAD": 4, "FILTER_NUM_WARPS": 1},
+            {"FILTER_VECTORS_PER_THREAD_BY_K": {5: v}} for v in (2, 8)] + [
             {"FILTER_MAX_ROWS": 128}, {"FILTER_MAX_ROWS": 32}],
     }
     for k in (3, 5):

@@ -242,8 +242,8 @@ def filter_poisoned(img, kernel, padding="same"):
 
 # Launch knobs that make a small image span several column strips (32 threads a program) and
 # several chunks of rows (8 at least), so the interpreter covers the edges between them.
-SMALL_PROGRAMS = {"FILTER_NUM_WARPS": 1, "FILTER_SMALL_K_NUM_WARPS": 1,
-                  "FILTER_MEDIUM_K_VECTORS_PER_THREAD": 1, "FILTER_MIN_ROWS": 8}
+SMALL_PROGRAMS = {"FILTER_NUM_WARPS": 1, "FILTER_NUM_WARPS_BY_K": {},
+                  "FILTER_VECTORS_PER_THREAD_BY_K": {}, "FILTER_MIN_ROWS": 8}
 
 
 @pytest.fixture

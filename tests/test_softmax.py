@@ -31,6 +31,7 @@ def path(request, monkeypatch):
     streamed in chunks of at most 64 (so 1000 columns take 16 chunks)."""
     if request.param == "multi_block":
         monkeypatch.setattr(softmax_ops, "SINGLE_BLOCK_MAX_COLS", 1)
+        monkeypatch.setattr(softmax_ops, "BACKWARD_SINGLE_BLOCK_MAX_COLS", 1)
         monkeypatch.setattr(softmax_ops, "CHUNK_COLS", 64)
     return request.param
 
@@ -86,8 +87,10 @@ def test_non_contiguous_input_and_grad(path, make):
 
 
 def test_row_longer_than_default_single_block_limit():
-    n_cols = softmax_ops.SINGLE_BLOCK_MAX_COLS + 1000
-    _check(_randn(2, n_cols), -1)
+    # Past the forward's limit (multi-block forward, single-block backward), then past both.
+    for n_cols in (softmax_ops.SINGLE_BLOCK_MAX_COLS + 1000,
+                   softmax_ops.BACKWARD_SINGLE_BLOCK_MAX_COLS + 1000):
+        _check(_randn(2, n_cols), -1)
 
 
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # the NaN rows, in numpy

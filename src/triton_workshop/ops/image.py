@@ -68,12 +68,12 @@ COLOR_NUM_WARPS = 4
 # Module constants, so a sweep can set them (see scripts/diagnose.py's knobs()).
 FILTER_NUM_WARPS = 2
 FILTER_VECTORS_PER_THREAD = 1
-# 3 x 3 (and smaller): 8 warps, 1 vector a thread; 5 x 5 to 7 x 7: 2 vectors a thread (more
-# work per row load to hide the shifts). H100, fp32 3 x 8192 x 8192 (scripts/diagnose.py
-# filter2d): 3 x 3 2578 -> 2686 GB/s, 5 x 5 2275 -> 2348 GB/s against the defaults above.
-FILTER_SMALL_K = 3
-FILTER_SMALL_K_NUM_WARPS = 8
-FILTER_MEDIUM_K_VECTORS_PER_THREAD = 2
+# Per filter size (others: the defaults above): 3 x 3 takes 8 warps; 5 x 5 4 vectors a thread and
+# 7 x 7 2 (more work per row load hides the shifts; 4 at 7 x 7 would crowd the registers). H100,
+# fp32 3 x 8192 x 8192 (scripts/diagnose.py filter2d): 3 x 3 2578 -> 2670 GB/s, 5 x 5 2275 ->
+# 2570 GB/s (2 vectors: 2426) against the defaults.
+FILTER_NUM_WARPS_BY_K = {3: 8}
+FILTER_VECTORS_PER_THREAD_BY_K = {5: 4, 7: 2}
 FILTER_PROGRAMS_PER_SM = 32
 FILTER_MIN_ROWS = 16
 FILTER_MAX_ROWS = 64
@@ -469,12 +469,11 @@ def _filter2d_plan(img: torch.Tensor, size: int, planes: int, out_height: int, o
     vec = 16 // img.element_size()
     preload = size * size <= FILTER_PRELOAD_MAX_TAPS
     # Reloaded taps are shared by a thread's columns: more columns, fewer reloads an output.
-    small = size <= FILTER_SMALL_K
-    num_warps = FILTER_SMALL_K_NUM_WARPS if small else FILTER_NUM_WARPS
+    num_warps = FILTER_NUM_WARPS_BY_K.get(size, FILTER_NUM_WARPS)
     if not preload:
         blocks = max(1, FILTER_LARGE_K_COLUMNS // vec)
     else:
-        blocks = FILTER_VECTORS_PER_THREAD if small else FILTER_MEDIUM_K_VECTORS_PER_THREAD
+        blocks = FILTER_VECTORS_PER_THREAD_BY_K.get(size, FILTER_VECTORS_PER_THREAD)
     groups = 32 * num_warps
     n_strips = runtime.cdiv(out_width, groups * vec * blocks)
     # Enough programs to fill the GPU several times over, each as tall as that allows: the

@@ -52,10 +52,15 @@ from ..runtime import FLOAT_DTYPES, acc_dtype, chunk_tile, register_op, row_tile
 #: fp16/bf16/fp32 compute in fp32; fp64 is accepted too and computes in fp64 (gradcheck needs it).
 SUPPORTED_DTYPES = FLOAT_DTYPES + (torch.float64,)
 
-#: Longest row the single-block path holds in registers. 16384 fp32 values over 32 warps are 16
-#: registers a thread for the row; past that the multi-block path streams the row instead.
-#: Read at every launch, so a test can lower it to exercise the multi-block path on short rows.
-SINGLE_BLOCK_MAX_COLS = 16384
+#: Longest row the single-block forward holds in registers: 32768 fp32 values over 32 warps are
+#: 32 registers a thread; past that the multi-block path streams the row instead. Read at every
+#: launch, so a test can lower it to exercise the multi-block path on short rows. H100, fp16
+#: (scripts/diagnose.py softmax_long): 2048 x 32768 forward 1840 GB/s multi-block, 2643 single;
+#: at 65536 columns the single block is slower (1647 against 1798 GB/s).
+SINGLE_BLOCK_MAX_COLS = 32768
+#: The same for the backward, which reloads y and dy after the row sum (see below), so it holds
+#: less: at 1024 x 65536 fwd+bwd went 1739 -> 2187 GB/s with single-block backward rows.
+BACKWARD_SINGLE_BLOCK_MAX_COLS = 65536
 #: Elements of a row the multi-block path handles per loop step (a power of two).
 CHUNK_COLS = 4096
 #: Elements a single-block program aims to own: short rows are packed ``TILE_ELEMS // BLOCK_N`` to
@@ -285,8 +290,8 @@ def _collapse(shape, strides, dim: int):
 
 def _knobs() -> tuple:
     """The module's launch constants, part of the plan cache's key (tests change them)."""
-    return (SINGLE_BLOCK_MAX_COLS, CHUNK_COLS, TILE_ELEMS, MAX_ROWS_PER_PROGRAM,
-            BACKWARD_RELOAD_MIN_ELEMS)
+    return (SINGLE_BLOCK_MAX_COLS, BACKWARD_SINGLE_BLOCK_MAX_COLS, CHUNK_COLS, TILE_ELEMS,
+            MAX_ROWS_PER_PROGRAM, BACKWARD_RELOAD_MIN_ELEMS)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -295,7 +300,9 @@ def _plan(shape, dim: int, all_strides, dtype, backward: bool, knobs: tuple):
     ``(single_block, grid, scalar args, constexpr args)``, or None if a tensor needs a copy.
     Cached: a training loop calls softmax on the same few shapes, and on a slow host the Python
     that works this out costs as much as the kernel's launch."""
-    single_block_max, chunk_cols, tile_elems, max_rows, reload_min = knobs
+    single_block_max, backward_single_block_max, chunk_cols, tile_elems, max_rows, reload_min = knobs
+    if backward:
+        single_block_max = backward_single_block_max
     collapsed = [_collapse(shape, st, dim) for st in all_strides]
     if any(c is None for c in collapsed):
         return None
