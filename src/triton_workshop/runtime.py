@@ -305,12 +305,6 @@ class FastLaunch:
     def __getitem__(self, grid):
         return functools.partial(self._launch, grid)
 
-    @staticmethod
-    def _arg_key(a):
-        if isinstance(a, torch.Tensor):
-            return a.dtype, a.data_ptr() % 16 == 0
-        return type(a), a
-
     def _launch(self, grid, *args, **kwargs):
         global FAST_LAUNCH
         if not (FAST_LAUNCH and self.usable):
@@ -322,7 +316,13 @@ class FastLaunch:
             else:
                 grid_key = tuple(grid)
             device = torch.cuda.current_device()
-            key = (grid_key, device, tuple(map(self._arg_key, args)), tuple(kwargs.items()))
+            # Inline, not a function call per argument (most of the key's cost): a tensor by
+            # dtype and 16-byte alignment, an int by itself, anything else by type and value
+            # (so True and 1 stay different keys).
+            args_key = tuple([a if type(a) is int else (
+                (a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else (type(a), a))
+                for a in args])
+            key = (grid_key, device, args_key, tuple(kwargs.items()))
             entry = self.cache.get(key)
         except TypeError:  # something unhashable: Triton's path
             return self.kernel[grid](*args, **kwargs)
@@ -335,9 +335,11 @@ class FastLaunch:
             except Exception as exc:  # noqa: BLE001 - any surprise: stop using the fast path
                 self._give_up(exc)
             return compiled
-        compiled, grid3, extra, run = entry
+        compiled, grid3, tail, run = entry
         try:
-            all_args = self._all_args(args, kwargs, extra)
+            # The parameters after the positional ones (keyword arguments, the autotuner's
+            # constexprs, defaults) are part of the key: fixed for this entry.
+            all_args = (*args, *tail)
             stream = torch._C._cuda_getCurrentRawStream(device)
             runtime_knobs = _runtime_knobs()
             if runtime_knobs is not None and _no_hook(runtime_knobs.launch_enter_hook) \
@@ -362,7 +364,8 @@ class FastLaunch:
         if callable(grid):
             grid = grid(dict(zip(self.arg_names, self._all_args(args, kwargs, extra))))
         grid3 = (*grid, 1, 1)[:3]
-        return compiled, grid3, extra, compiled.run  # the C launcher (handles loaded by now)
+        tail = tuple(self._all_args(args, kwargs, extra)[len(args):])
+        return compiled, grid3, tail, compiled.run  # the C launcher (handles loaded by now)
 
     def _all_args(self, args, kwargs, extra) -> list:
         """Every kernel parameter's value, in order (what Triton passes its compiled kernel):
