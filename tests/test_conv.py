@@ -493,34 +493,3 @@ def test_prune_configs_for_bench_shape():
     tiny = prune_gemm_configs(GEMM_CONFIGS, dict(args, GROUP_C=3, GROUP_F=8, M_BUCKET=16),
                               CHANNEL_TILED=False)
     assert tiny and all(c.kwargs["BLOCK_N"] == 16 for c in tiny)
-
-
-# --------------------------------------------------------------------------------------------
-# The channels-last copy of an NCHW weight is made once per weight version, not per call.
-# --------------------------------------------------------------------------------------------
-def test_channels_last_weight_copy_is_reused_until_the_weight_changes():
-    import gc
-
-    w = randn((8, 4, 3, 3), seed=seed_of("cache", "w"))
-    first = conv_module._channels_last_weight(w)
-    assert first.is_contiguous(memory_format=torch.channels_last) and torch.equal(first, w)
-    assert conv_module._channels_last_weight(w) is first
-    w.mul_(2)  # in place: a new version, a new copy
-    second = conv_module._channels_last_weight(w)
-    assert second is not first and torch.equal(second, w)
-    # The result follows the weight through in-place updates (an optimizer step).
-    x = randn((2, 4, 7, 6), seed=seed_of("cache", "x"))
-    before = conv2d(x, w, padding=1)  # fp32 IEEE: the autouse fixture
-    w.add_(0.5)
-    after = conv2d(x, w, padding=1)
-    ref = F.conv2d(x.double(), w.double(), padding=1)
-    torch.testing.assert_close(after.double(), ref, rtol=1e-5, atol=1e-5)
-    assert not torch.allclose(before, after)
-    # A weight that dies takes its copy with it.
-    key = id(w)
-    del w
-    gc.collect()
-    assert key not in conv_module._CHANNELS_LAST_WEIGHTS
-    # Channels-last weights are used as they are.
-    cl = randn((8, 4, 3, 3), seed=1).contiguous(memory_format=torch.channels_last)
-    assert conv_module._channels_last_weight(cl) is cl

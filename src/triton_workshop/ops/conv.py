@@ -103,7 +103,6 @@ Autograd (input, weight and bias):
 
 from __future__ import annotations
 
-import weakref
 from typing import List, Optional
 
 import torch
@@ -601,37 +600,6 @@ def _conv2d_fake(x, weight, bias, stride, padding, dilation, groups):
 # on a small layer is longer than the GPU work: nothing here is computed twice, and the kernels
 # take no argument they could derive (the output's H/W strides, the weight's, F).
 # --------------------------------------------------------------------------------------------
-#: id(weight) -> (weak reference, version, data pointer, shape, strides, channels-last copy).
-_CHANNELS_LAST_WEIGHTS: dict[int, tuple] = {}
-_CHANNELS_LAST_WEIGHTS_MAX = 256
-
-
-def _channels_last_weight(weight: torch.Tensor) -> torch.Tensor:
-    """``weight`` in channels-last memory. A model's NCHW weight is converted once and the copy
-    kept while the weight lives and is not modified in place (its version counter), not on
-    every call: on the GPU machine the copy was a kernel launch and ~11 us of CPU per call."""
-    if weight.is_contiguous(memory_format=torch.channels_last):
-        return weight
-    if type(weight) is not torch.Tensor or weight.is_inference() or torch.compiler.is_compiling():
-        return weight.contiguous(memory_format=torch.channels_last)
-    key = id(weight)
-    state = (weight._version, weight.data_ptr(), weight.shape, weight.stride())
-    hit = _CHANNELS_LAST_WEIGHTS.get(key)
-    if hit is not None and hit[0]() is weight and hit[1:5] == state:
-        return hit[5]
-    copy = weight.contiguous(memory_format=torch.channels_last)
-    if len(_CHANNELS_LAST_WEIGHTS) >= _CHANNELS_LAST_WEIGHTS_MAX:
-        _CHANNELS_LAST_WEIGHTS.clear()
-
-    def forget(ref, key=key):  # the weight died: drop its copy (unless the id is reused)
-        entry = _CHANNELS_LAST_WEIGHTS.get(key)
-        if entry is not None and entry[0] is ref:
-            del _CHANNELS_LAST_WEIGHTS[key]
-
-    _CHANNELS_LAST_WEIGHTS[key] = (weakref.ref(weight, forget), *state, copy)
-    return copy
-
-
 @register_op("conv2d", fake=_conv2d_fake)
 def _conv2d(
     x: torch.Tensor,
@@ -699,7 +667,7 @@ def _conv2d(
         # The weight in channels-last memory, (F, KH, KW, Cg): K-major rows, see the kernel. A
         # network converted with .to(memory_format=torch.channels_last) already has it (no copy);
         # otherwise a copy of a few kilobytes per call.
-        weight = _channels_last_weight(weight)
+        weight = weight.contiguous(memory_format=torch.channels_last)
         stride_wf, stride_wk = kh * kw * group_c, 1
     else:
         weight = weight.permute(2, 3, 1, 0).contiguous()  # (KH, KW, Cg, F): rows along F
