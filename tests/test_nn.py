@@ -255,3 +255,100 @@ def test_sgd_training_matches_torch(fused):
     torch.testing.assert_close(losses["ours"], losses["torch"], rtol=1e-5, atol=1e-6)
     for p, r in zip(ours.parameters(), ref.parameters()):
         torch.testing.assert_close(p, r, rtol=1e-5, atol=1e-5)
+
+
+# --------------------------------------------------------------------------------------------
+# MultiheadAttention: a drop-in for torch.nn.MultiheadAttention.
+# --------------------------------------------------------------------------------------------
+def _torch_and_ours(embed=24, heads=3, bias=True, batch_first=False, seed=3):
+    torch.manual_seed(seed)
+    ref = nn.MultiheadAttention(embed, heads, bias=bias, batch_first=batch_first, device=DEVICE)
+    if bias:
+        with torch.no_grad():  # non-zero biases, so that a mix-up of them shows
+            ref.in_proj_bias.copy_(rand(3 * embed, seed=seed + 1) * 0.1)
+            ref.out_proj.bias.copy_(rand(embed, seed=seed + 2) * 0.1)
+    ours = tw.MultiheadAttention(embed, heads, bias=bias, batch_first=batch_first, device=DEVICE)
+    ours.load_state_dict(ref.state_dict())  # the same names and shapes
+    return ref, ours
+
+
+def test_multihead_attention_initialises_like_torch():
+    torch.manual_seed(5)
+    ref = nn.MultiheadAttention(16, 2, device=DEVICE)
+    torch.manual_seed(5)
+    ours = tw.MultiheadAttention(16, 2, device=DEVICE)
+    assert ours.state_dict().keys() == ref.state_dict().keys()
+    for name, value in ref.state_dict().items():
+        torch.testing.assert_close(ours.state_dict()[name], value, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("batch_first", [False, True], ids=["seq-first", "batch-first"])
+@pytest.mark.parametrize("need_weights, average", [(False, True), (True, True), (True, False)],
+                         ids=["no-weights", "mean-weights", "head-weights"])
+def test_multihead_attention_self_attention_matches_torch(batch_first, need_weights, average):
+    ref, ours = _torch_and_ours(batch_first=batch_first)
+    x = rand(2, 11, 24, seed=20) if batch_first else rand(11, 2, 24, seed=20)
+    x_ref, x_ours = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out_ref, w_ref = ref(x_ref, x_ref, x_ref, need_weights=need_weights,
+                         average_attn_weights=average)
+    out, w = ours(x_ours, x_ours, x_ours, need_weights=need_weights, average_attn_weights=average)
+    torch.testing.assert_close(out, out_ref, rtol=1e-4, atol=1e-4)
+    if need_weights:
+        torch.testing.assert_close(w, w_ref, rtol=1e-5, atol=1e-5)
+    else:
+        assert w is None and w_ref is None
+    dy = rand(*out.shape, seed=21)
+    out_ref.backward(dy)
+    out.backward(dy)
+    torch.testing.assert_close(x_ours.grad, x_ref.grad, rtol=1e-4, atol=1e-4)
+    for (name, p), q in zip(ours.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4, msg=name)
+
+
+def test_multihead_attention_cross_attention_and_no_bias():
+    ref, ours = _torch_and_ours(bias=False, batch_first=True)
+    query, memory = rand(2, 7, 24, seed=30), rand(2, 13, 24, seed=31)
+    other_values = rand(2, 13, 24, seed=32)
+    with torch.no_grad():
+        out_ref, w_ref = ref(query, memory, other_values)
+        out, w = ours(query, memory, other_values)
+    torch.testing.assert_close(out, out_ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(w, w_ref, rtol=1e-5, atol=1e-5)
+    assert w.shape == (2, 7, 13)
+
+
+def test_multihead_attention_causal_and_unbatched():
+    ref, ours = _torch_and_ours()
+    x = rand(9, 24, seed=40)  # unbatched (L, E)
+    mask = nn.Transformer.generate_square_subsequent_mask(9, device=DEVICE)
+    with torch.no_grad():
+        out_ref, w_ref = ref(x, x, x, attn_mask=mask, is_causal=True)
+        out, w = ours(x, x, x, attn_mask=mask, is_causal=True)
+        alone, _ = ours(x, x, x, is_causal=True, need_weights=False)  # no mask needed here
+    torch.testing.assert_close(out, out_ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(w, w_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(alone, out, rtol=0, atol=0)
+    assert out.shape == (9, 24) and w.shape == (9, 9)
+
+
+def test_multihead_attention_errors():
+    with pytest.raises(ValueError, match="divisible by num_heads"):
+        tw.MultiheadAttention(30, 4)
+    with pytest.raises(ValueError, match="add_bias_kv"):
+        tw.MultiheadAttention(16, 2, add_bias_kv=True)
+    with pytest.raises(ValueError, match="kdim"):
+        tw.MultiheadAttention(16, 2, kdim=8)
+    mha = tw.MultiheadAttention(16, 2, dropout=0.1, device=DEVICE)
+    x = rand(5, 2, 16, seed=50)
+    with pytest.raises(ValueError, match="dropout"):
+        mha(x, x, x)
+    mha.eval()
+    mha(x, x, x)  # dropout is off in eval mode
+    with pytest.raises(ValueError, match="key_padding_mask"):
+        mha(x, x, x, key_padding_mask=torch.zeros(2, 5, dtype=torch.bool, device=DEVICE))
+    with pytest.raises(ValueError, match="attn_mask"):
+        mha(x, x, x, attn_mask=torch.zeros(5, 5, device=DEVICE))
+    with pytest.raises(ValueError, match="query must be"):
+        mha(rand(5, 2, 8, seed=51), x, x)
+    with pytest.raises(ValueError, match="key and value"):
+        mha(x, x, rand(6, 2, 16, seed=52))

@@ -9,6 +9,8 @@ modules hold parameters and call the functional op; the kernels live in :mod:`tr
 * :class:`LayerNormLinear`: ``LayerNorm`` then ``Linear`` in one op that never writes the
   normalised activations (:mod:`triton_workshop.ops.layer_norm_linear`).
 * :class:`MultiheadSelfAttention`: fused QKV projection, fused attention, output projection.
+* :class:`MultiheadAttention`: a drop-in for ``torch.nn.MultiheadAttention`` (its state_dict,
+  forward signature and return value) over the same ops.
 """
 
 from __future__ import annotations
@@ -343,3 +345,164 @@ class MultiheadSelfAttention(nn.Module):
             f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
             f"num_kv_heads={self.num_kv_heads}, causal={self.causal}"
         )
+
+
+class MultiheadAttention(nn.Module):
+    """Drop-in for ``torch.nn.MultiheadAttention``: same constructor, parameter names
+    (``in_proj_weight``, ``in_proj_bias``, ``out_proj.weight``, ``out_proj.bias``, so its
+    state_dict loads as is), initialisation, ``forward`` signature and return value, with the
+    projections through :class:`Linear`'s matmul and attention through
+    :func:`triton_workshop.attention` (nothing N×N is materialised unless weights are asked for).
+
+    Self-attention (``query is key is value``) projects q, k, v with one matmul; cross-attention
+    (other keys/values, any source length) with three. Inputs are (L, N, E), or (N, L, E) with
+    ``batch_first=True``, or unbatched (L, E).
+
+    ``need_weights=True`` (torch's default) also returns the attention weights, (N, L, S) averaged
+    over heads or (N, H, L, S), which this computes separately with PyTorch (an N×N tensor per
+    head, as torch does): pass ``need_weights=False`` for the fused path alone.
+    ``is_causal=True`` applies the causal mask (key j hidden from query i when j > i, as
+    ``F.scaled_dot_product_attention``); ``attn_mask`` may accompany it as torch's hint, and is
+    then taken to be that causal mask (its values are not read). Not supported, with a
+    ``ValueError``: other ``attn_mask``\\ s, ``key_padding_mask``, dropout while training,
+    ``add_bias_kv``, ``add_zero_attn``, ``kdim``/``vdim`` other than ``embed_dim``.
+    """
+
+    __constants__ = ["batch_first"]
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        dropout: float = 0.0,
+        bias: bool = True,
+        add_bias_kv: bool = False,
+        add_zero_attn: bool = False,
+        kdim: int | None = None,
+        vdim: int | None = None,
+        batch_first: bool = False,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        if embed_dim <= 0 or num_heads <= 0 or embed_dim % num_heads != 0:
+            raise ValueError(
+                f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads}), both > 0"
+            )
+        if add_bias_kv or add_zero_attn:
+            raise ValueError("add_bias_kv and add_zero_attn are not supported")
+        if kdim not in (None, embed_dim) or vdim not in (None, embed_dim):
+            raise ValueError(f"kdim and vdim must equal embed_dim ({embed_dim}), got {kdim}, {vdim}")
+        if not 0.0 <= dropout <= 1.0:
+            raise ValueError(f"dropout must be in [0, 1], got {dropout}")
+        factory_kwargs = {"device": device, "dtype": dtype}
+        self.embed_dim = self.kdim = self.vdim = embed_dim
+        self._qkv_same_embed_dim = True
+        self.num_heads = num_heads
+        self.head_dim = embed_dim // num_heads
+        self.dropout = dropout
+        self.batch_first = batch_first
+        self.in_proj_weight = nn.Parameter(torch.empty((3 * embed_dim, embed_dim), **factory_kwargs))
+        if bias:
+            self.in_proj_bias = nn.Parameter(torch.empty(3 * embed_dim, **factory_kwargs))
+        else:
+            self.register_parameter("in_proj_bias", None)
+        # Created after in_proj, as torch does: the same random draws in the same order.
+        self.out_proj = Linear(embed_dim, embed_dim, bias=bias, **factory_kwargs)
+        self._reset_parameters()
+
+    def _reset_parameters(self) -> None:
+        """``torch.nn.MultiheadAttention._reset_parameters``: Xavier in-projection, zero biases."""
+        nn.init.xavier_uniform_(self.in_proj_weight)
+        if self.in_proj_bias is not None:
+            nn.init.constant_(self.in_proj_bias, 0.0)
+            nn.init.constant_(self.out_proj.bias, 0.0)
+
+    def _check(self, query, key, value, key_padding_mask, attn_mask, is_causal) -> None:
+        for name, t in (("query", query), ("key", key), ("value", value)):
+            if not isinstance(t, torch.Tensor) or t.dim() not in (2, 3) or t.shape[-1] != self.embed_dim:
+                shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+                raise ValueError(
+                    f"{name} must be (L, E), (L, N, E) or (N, L, E) with E = embed_dim "
+                    f"({self.embed_dim}), got {shape}"
+                )
+        if not (query.dim() == key.dim() == value.dim()) or key.shape != value.shape:
+            raise ValueError(
+                f"key and value must have one shape and query their rank, got query "
+                f"{tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}"
+            )
+        if key_padding_mask is not None:
+            raise ValueError("key_padding_mask is not supported (pad the batch or use torch's module)")
+        if attn_mask is not None and not is_causal:
+            raise ValueError(
+                "attn_mask is supported only as the causal hint (with is_causal=True); "
+                "other masks need torch.nn.MultiheadAttention"
+            )
+        if self.training and self.dropout > 0.0:
+            raise ValueError(
+                f"dropout ({self.dropout}) is not supported while training: use dropout=0.0 or .eval()"
+            )
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_padding_mask: torch.Tensor | None = None,
+        need_weights: bool = True,
+        attn_mask: torch.Tensor | None = None,
+        average_attn_weights: bool = True,
+        is_causal: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        self._check(query, key, value, key_padding_mask, attn_mask, is_causal)
+        self_attention = query is key and key is value
+        unbatched = query.dim() == 2
+        if unbatched:
+            query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
+        elif not self.batch_first:  # (L, N, E) -> (N, L, E): views, read in place
+            query, key, value = query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)
+        batch, tgt_len, embed = query.shape
+        src_len = key.shape[1]
+        heads, head_dim = self.num_heads, self.head_dim
+        w, b = self.in_proj_weight, self.in_proj_bias
+
+        def heads_of(t, length):  # (N, L, E) -> (N, H, L, D), a view
+            return t.reshape(batch, length, heads, head_dim).transpose(1, 2)
+
+        if self_attention:
+            qkv = linear(query, w, b).view(batch, tgt_len, 3, heads, head_dim)
+            q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+        else:
+            bq, bk, bv = (None, None, None) if b is None else b.chunk(3)
+            wq, wk, wv = w.chunk(3)
+            q = heads_of(linear(query, wq, bq), tgt_len)
+            k = heads_of(linear(key, wk, bk), src_len)
+            v = heads_of(linear(value, wv, bv), src_len)
+        out = attention(q, k, v, causal=is_causal)  # (N, H, L, D)
+        out = self.out_proj(out.transpose(1, 2).reshape(batch, tgt_len, embed))
+        weights = None
+        if need_weights:
+            weights = self._weights(q, k, is_causal, average_attn_weights)
+            if unbatched:
+                weights = weights.squeeze(0)
+        if unbatched:
+            out = out.squeeze(0)
+        elif not self.batch_first:
+            out = out.transpose(0, 1)
+        return out, weights
+
+    def _weights(self, q, k, causal: bool, average: bool) -> torch.Tensor:
+        """softmax(q kᵀ / sqrt(D)) with PyTorch, (N, L, S) averaged over heads or (N, H, L, S)."""
+        scores = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(self.head_dim)
+        if causal:
+            tgt_len, src_len = scores.shape[-2:]
+            hidden = torch.ones(tgt_len, src_len, dtype=torch.bool, device=scores.device).triu(1)
+            scores = scores.masked_fill(hidden, float("-inf"))
+        weights = torch.softmax(scores, dim=-1)
+        if average:
+            weights = weights.mean(dim=1)
+        return weights.to(q.dtype)
+
+    def extra_repr(self) -> str:
+        return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
+                f"dropout={self.dropout}, batch_first={self.batch_first}")
