@@ -554,9 +554,10 @@ def _layer_norm_backward_autograd(ctx, dy, _dmean, _drstd):
     dx, dw, db = layer_norm_backward(
         dy, x, weight, mean, rstd, ctx.norm_ndim, need_dx, need_dw, need_db, ctx.bias_dtype
     )
-    if ctx.norm_ndim > 1:  # the kernels return flat dweight/dbias
+    if ctx.norm_ndim > 1:  # the kernels return flat dweight/dbias (empty when not needed)
         norm_shape = x.shape[x.dim() - ctx.norm_ndim :]
-        dw, db = dw.view(norm_shape), db.view(norm_shape)
+        dw = dw.view(norm_shape) if need_dw else None
+        db = db.view(norm_shape) if need_db else None
     return dx if need_dx else None, dw if need_dw else None, db if need_db else None, None, None
 
 
