@@ -429,3 +429,25 @@ def test_gpu_large_head_dims(dtype, head_dim, causal):
     # fp32 on the GPU: exp2/log2 are the hardware's approximate instructions (~2**-22 relative).
     tol = (5e-5, 5e-5) if dtype == torch.float32 else None
     check_forward_backward(q, k, v, causal=causal, tol=tol)
+
+
+@gpu_only
+@pytest.mark.gpu
+def test_offsets_past_2_31_elements():
+    # q, k, v, out and their gradients have 2**31 + 2**21 fp16 elements each (4 GiB): batch *
+    # stride_b passes int32 in the last batches. Only those are random (the rest zeros), and only
+    # those are compared, against float32 SDPA on the same slices.
+    B, N, D = 2**31 // (256 * 64) + 128, 256, 64
+    q, k, v, do = (torch.zeros(B, 1, N, D, device="cuda", dtype=torch.float16) for _ in range(4))
+    gen = torch.Generator(device="cuda").manual_seed(31)
+    for t in (q, k, v, do):
+        t[-2:].normal_(generator=gen)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    out = attention(q, k, v, causal=True)
+    grads = torch.autograd.grad(out, [q, k, v], do)
+    tail = [t[-2:].detach().float().requires_grad_() for t in (q, k, v)]
+    ref = F.scaled_dot_product_attention(*tail, is_causal=True)
+    ref_grads = torch.autograd.grad(ref, tail, do[-2:].float())
+    torch.testing.assert_close(out[-2:].float(), ref, rtol=2e-2, atol=2e-2)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g[-2:].float(), r, rtol=2e-2, atol=2e-2)

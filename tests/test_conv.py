@@ -495,3 +495,21 @@ def test_prune_configs_for_bench_shape():
     tiny = prune_gemm_configs(GEMM_CONFIGS, dict(args, GROUP_C=3, GROUP_F=8, M_BUCKET=16),
                               CHANNEL_TILED=False)
     assert tiny and all(c.kwargs["BLOCK_N"] == 16 for c in tiny)
+
+
+@pytest.mark.skipif(runtime.INTERPRET or not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["NCHW", "channels_last"])
+def test_offsets_past_2_31_elements(layout):
+    # x and the output have 2**31 + 2**17 fp16 elements (4 GiB): n * stride_n and the pixel index
+    # M = N * OH * OW pass int32 in the last images. Only those are random and compared.
+    n = 2**31 // (16 * 64 * 64) + 2
+    x = torch.zeros(n, 16, 64, 64, device="cuda", dtype=torch.float16)
+    gen = torch.Generator(device="cuda").manual_seed(31)
+    x[-2:].normal_(generator=gen)
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    w = torch.randn(16, 16, 3, 3, device="cuda", generator=gen).half() / 12
+    out = conv2d(x, w, padding=1)
+    ref = F.conv2d(x[-2:].float(), w.float(), padding=1)
+    torch.testing.assert_close(out[-2:].float(), ref, rtol=1e-2, atol=1e-2)

@@ -464,3 +464,21 @@ def test_filter_torch_compile():
     kernel = get_filter("gaussian", device=DEVICE)
     for padding in ("same", "valid"):
         assert_matches(compiled(img, kernel, padding), filter_reference(img, kernel, padding), torch.float32)
+
+
+# --------------------------------------------------------------------------------------------
+# GPU only: batches past 2**31 elements (64-bit batch offsets).
+# --------------------------------------------------------------------------------------------
+@pytest.mark.skipif(not torch.cuda.is_available() or DEVICE.type != "cuda", reason="needs a CUDA GPU")
+@pytest.mark.gpu
+def test_batches_past_2_31_elements():
+    # (684, 3, 1024, 1024) fp16 is 2**31 + 3 * 2**21 elements (4 GiB): the last images start past
+    # int32. Only those are random (the rest zeros), and only those are compared.
+    img = torch.zeros(2**31 // (3 * 1024 * 1024) + 2, 3, 1024, 1024, device="cuda",
+                      dtype=torch.float16)
+    img[-2:] = random_image((2, 3, 1024, 1024), torch.float16, seed=31)
+    tail = img[-2:]
+    assert_matches(greyscale(img)[-2:], greyscale_reference(tail), torch.float16)
+    assert_matches(sepia(img)[-2:], sepia_reference(tail), torch.float16)
+    kernel = random_kernel(5, seed=32)
+    assert_matches(filter2d(img, kernel)[-2:], filter_reference(tail, kernel, "same"), torch.float16)
