@@ -8,7 +8,9 @@
 # pytest.log, results.csv, <spec>.png (one per benchmark) and meta.json -- eight files at most for
 # the full suite. Exit status: non-zero when the tests or the benchmark (a wrong or failed
 # triton-workshop kernel) failed. Budget: the full suite takes about 6 minutes on an H100, --quick
-# about 2, plus the tests; use --quick or --no-tests to stay inside a 10-minute call.
+# about 2, plus the tests: over 10 minutes in one process; with 8 pytest-xdist workers, 300 of them
+# took 1-2 minutes (the whole suite has not been timed that way yet). Use --quick, --no-tests or
+# PYTEST_ARGS="tests/test_x.py -k ..." to stay inside a 10-minute call.
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
@@ -46,9 +48,14 @@ if [ "$run_tests" = 1 ]; then
     if "$PYTHON" -c "import pytest_timeout" 2>/dev/null; then
         timeout_flag=(--timeout=300)
     fi
+    # Compiling the kernels is most of the suite's time: spread it over worker processes where
+    # pytest-xdist is installed (one process takes over 10 minutes on the GPU machine).
+    if "$PYTHON" -c "import xdist" 2>/dev/null; then
+        timeout_flag+=(-n "${PYTEST_WORKERS:-8}")
+    fi
     start=$SECONDS
     # One config per autotuned kernel in the tests: correctness, not speed (bench tunes fully).
-    TRITON_WORKSHOP_AUTOTUNE=${TRITON_WORKSHOP_AUTOTUNE:-0} "$PYTHON" -m pytest tests -q -p no:cacheprovider "${timeout_flag[@]}" $PYTEST_ARGS 2>&1 | tee "$RESULTS/pytest.log"
+    TRITON_WORKSHOP_AUTOTUNE=${TRITON_WORKSHOP_AUTOTUNE:-0} "$PYTHON" -m pytest tests -q -p no:cacheprovider -rf --tb=short "${timeout_flag[@]}" $PYTEST_ARGS 2>&1 | tee "$RESULTS/pytest.log"
     rc=$?
     tests_status=$([ $rc = 0 ] && echo "passed" || echo "FAILED (exit $rc)")
     echo "tests: $tests_status in $((SECONDS - start)) s"
