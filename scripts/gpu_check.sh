@@ -10,7 +10,7 @@
 # triton-workshop kernel) failed. Budget: the full suite takes about 6 minutes on an H100, --quick
 # about 2, plus the tests: over 10 minutes in one process; with 8 pytest-xdist workers, 300 of them
 # took 1-2 minutes (the whole suite has not been timed that way yet). Use --quick, --no-tests or
-# PYTEST_ARGS="tests/test_x.py -k ..." to stay inside a 10-minute call.
+# PYTEST_ARGS="-k ..." (a selection) to stay inside a 10-minute call.
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
