@@ -51,7 +51,7 @@ if [ "$run_tests" = 1 ]; then
     # Compiling the kernels is most of the suite's time: spread it over worker processes where
     # pytest-xdist is installed (one process takes over 10 minutes on the GPU machine).
     if "$PYTHON" -c "import xdist" 2>/dev/null; then
-        timeout_flag+=(-n "${PYTEST_WORKERS:-8}")
+        timeout_flag+=(-n "${PYTEST_WORKERS:-8}" --dist loadgroup)  # see tests/conftest.py
     fi
     start=$SECONDS
     # One config per autotuned kernel in the tests: correctness, not speed (bench tunes fully).

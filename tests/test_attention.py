@@ -431,6 +431,7 @@ def test_gpu_large_head_dims(dtype, head_dim, causal):
     check_forward_backward(q, k, v, causal=causal, tol=tol)
 
 
+@pytest.mark.big_memory
 @gpu_only
 @pytest.mark.gpu
 def test_offsets_past_2_31_elements():

@@ -497,12 +497,13 @@ def test_prune_configs_for_bench_shape():
     assert tiny and all(c.kwargs["BLOCK_N"] == 16 for c in tiny)
 
 
+@pytest.mark.big_memory
 @pytest.mark.skipif(runtime.INTERPRET or not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["NCHW", "channels_last"])
 def test_offsets_past_2_31_elements(layout):
-    # x and the output have 2**31 + 2**17 fp16 elements (4 GiB): n * stride_n and the pixel index
-    # M = N * OH * OW pass int32 in the last images. Only those are random and compared.
+    # x and the output have 2**31 + 2**17 fp16 elements (4 GiB): the element offsets
+    # (n * stride_n + ...) pass int32 in the last images. Only those are random and compared.
     n = 2**31 // (16 * 64 * 64) + 2
     x = torch.zeros(n, 16, 64, 64, device="cuda", dtype=torch.float16)
     gen = torch.Generator(device="cuda").manual_seed(31)

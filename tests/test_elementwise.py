@@ -363,6 +363,7 @@ def test_torch_compile_fullgraph_matches_eager():
 # --------------------------------------------------------------------------------------------
 # GPU only.
 # --------------------------------------------------------------------------------------------
+@pytest.mark.big_memory
 @pytest.mark.gpu
 @pytest.mark.slow
 @gpu_only

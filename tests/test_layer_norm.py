@@ -271,6 +271,7 @@ def test_mismatched_devices():
         layer_norm(_x(), 4, torch.ones(4))  # weight on the CPU, x on the GPU
 
 
+@pytest.mark.big_memory
 @gpu_only
 @pytest.mark.gpu
 def test_offsets_past_2_31_elements():

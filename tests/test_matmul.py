@@ -438,6 +438,7 @@ def test_gpu_large_autotuned(dtype):
     assert_close(matmul(a, b, bias=bias, activation="gelu"), reference(a, b, bias, "gelu"), dtype)
 
 
+@pytest.mark.big_memory
 @GPU_ONLY
 def test_more_than_2_31_elements():
     # a has 2**31 + 64 * 17 elements: offsets past 2**31 must not wrap around. Only the last rows

@@ -352,3 +352,31 @@ def test_multihead_attention_errors():
         mha(rand(5, 2, 8, seed=51), x, x)
     with pytest.raises(ValueError, match="key and value"):
         mha(x, x, rand(6, 2, 16, seed=52))
+    with pytest.raises(ValueError, match="batch size"):
+        other = rand(7, 3, 16, seed=53)
+        mha(x, other, other)
+
+
+def test_multihead_attention_in_a_transformer_encoder_layer():
+    """Swapped into nn.TransformerEncoderLayer as its self_attn: training mode calls our forward
+    (need_weights=False); eval mode under no_grad may take torch's fast path with our weights."""
+    torch.manual_seed(6)
+    layer = nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, dropout=0.0, batch_first=True,
+                                       device=DEVICE)
+    ref_attn = layer.self_attn
+    ours = tw.MultiheadAttention(16, 2, batch_first=True, device=DEVICE)
+    ours.load_state_dict(ref_attn.state_dict())
+    x = rand(2, 9, 16, seed=60)
+    expected = layer(x)
+    layer.self_attn = ours
+    torch.testing.assert_close(layer(x), expected, rtol=1e-4, atol=1e-4)
+    layer.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_multihead_attention_seq_first_output_is_contiguous():
+    _, ours = _torch_and_ours()
+    x = rand(5, 2, 24, seed=61)
+    out, _ = ours(x, x, x, need_weights=False)
+    assert out.shape == (5, 2, 24) and out.is_contiguous()

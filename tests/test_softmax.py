@@ -186,6 +186,7 @@ def test_cpu_tensor_on_gpu_is_rejected():
         softmax(torch.ones(2, 3))
 
 
+@pytest.mark.big_memory
 @gpu_only
 @pytest.mark.gpu
 def test_offsets_past_2_31_elements():

@@ -409,7 +409,17 @@ class MultiheadAttention(nn.Module):
             self.register_parameter("in_proj_bias", None)
         # Created after in_proj, as torch does: the same random draws in the same order.
         self.out_proj = Linear(embed_dim, embed_dim, bias=bias, **factory_kwargs)
+        # torch's attributes for the unsupported options, which code around the module reads
+        # (nn.TransformerEncoderLayer, for one).
+        self.register_parameter("q_proj_weight", None)
+        self.register_parameter("k_proj_weight", None)
+        self.register_parameter("v_proj_weight", None)
+        self.bias_k = self.bias_v = None
+        self.add_zero_attn = False
         self._reset_parameters()
+
+    # Used by nn.TransformerEncoderLayer's inference fast path (which then computes with torch).
+    merge_masks = nn.MultiheadAttention.merge_masks
 
     def _reset_parameters(self) -> None:
         """``torch.nn.MultiheadAttention._reset_parameters``: Xavier in-projection, zero biases."""
@@ -426,10 +436,13 @@ class MultiheadAttention(nn.Module):
                     f"{name} must be (L, E), (L, N, E) or (N, L, E) with E = embed_dim "
                     f"({self.embed_dim}), got {shape}"
                 )
-        if not (query.dim() == key.dim() == value.dim()) or key.shape != value.shape:
+        batch_dim = 0 if self.batch_first else 1
+        if (not (query.dim() == key.dim() == value.dim()) or key.shape != value.shape
+                or (query.dim() == 3 and query.shape[batch_dim] != key.shape[batch_dim])):
             raise ValueError(
-                f"key and value must have one shape and query their rank, got query "
-                f"{tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}"
+                f"key and value must have one shape, and query their rank and batch size, got "
+                f"query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}"
+                f" (batch_first={self.batch_first})"
             )
         if key_padding_mask is not None:
             raise ValueError("key_padding_mask is not supported (pad the batch or use torch's module)")
@@ -488,7 +501,7 @@ class MultiheadAttention(nn.Module):
         if unbatched:
             out = out.squeeze(0)
         elif not self.batch_first:
-            out = out.transpose(0, 1)
+            out = out.transpose(0, 1).contiguous()  # torch returns it contiguous (L, N, E)
         return out, weights
 
     def _weights(self, q, k, causal: bool, average: bool) -> torch.Tensor:

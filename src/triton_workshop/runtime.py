@@ -163,7 +163,8 @@ def next_power_of_2(n):
 def autotune(configs: Sequence[triton.Config], key: Sequence[str], **kwargs):
     """``triton.autotune`` on the GPU; in the interpreter only the first config (which must be
     a sensible default), because the interpreter cannot benchmark. ``TRITON_WORKSHOP_AUTOTUNE=0``
-    asks for the first config on the GPU too (fast test runs: each config is a compile)."""
+    asks for one config on the GPU too (fast test runs: each config is a compile): the first that
+    the kernel's ``early_config_prune`` keeps, or the first."""
     configs = list(configs)
     if INTERPRET:
         configs = configs[:1]
@@ -316,9 +317,10 @@ class FastLaunch:
             else:
                 grid_key = tuple(grid)
             device = torch.cuda.current_device()
-            # Inline, not a function call per argument (most of the key's cost): a tensor by
-            # dtype and 16-byte alignment, an int by itself, anything else by type and value
-            # (so True and 1 stay different keys).
+            # Inline, not a function call per argument (most of the key's cost): a positional
+            # tensor by dtype and 16-byte alignment, an int by itself, anything else by type and
+            # value (so a positional True and 1 are different keys). Keyword arguments (the
+            # constexprs) are keyed by value, as Triton's own cache keys them.
             args_key = tuple([a if type(a) is int else (
                 (a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else (type(a), a))
                 for a in args])
@@ -356,7 +358,9 @@ class FastLaunch:
         return compiled
 
     def _entry(self, compiled, grid, args, kwargs):
-        """(compiled kernel, 3-d grid, constexprs the autotuner added) for a launch just made."""
+        """``(compiled kernel, 3-d grid, tail, C launcher)`` for a launch just made; ``tail``: the
+        values of the parameters after the positional ones (keyword arguments, the autotuner's
+        constexprs, defaults), fixed for the key."""
         if type(compiled).__name__ != "CompiledKernel":
             raise TypeError(f"launch returned {type(compiled).__name__}, not a CompiledKernel")
         extra = dict(self.kernel.best_config.all_kwargs()) if self.autotuned else {}
