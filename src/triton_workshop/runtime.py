@@ -297,6 +297,7 @@ class FastLaunch:
         self.defaults = {p.name: p.default for p in jit.params if p.has_default}
         self.autotuned = hasattr(kernel, "configs")
         self.cache: dict = {}
+        self._lock = threading.RLock()
         self.usable = not (self.autotuned and (
             kernel.reset_to_zero or kernel.restore_value
             or getattr(kernel, "user_defined_pre_hook", False)
@@ -329,13 +330,16 @@ class FastLaunch:
         except TypeError:  # something unhashable: Triton's path
             return self.kernel[grid](*args, **kwargs)
         if entry is None:
-            if len(self.cache) >= FAST_LAUNCH_CACHE_SIZE:  # many shapes: start over, stay bounded
-                self.cache.clear()
-            compiled = self.kernel[grid](*args, **kwargs)
-            try:
-                self.cache[key] = self._entry(compiled, grid, args, kwargs)
-            except Exception as exc:  # noqa: BLE001 - any surprise: stop using the fast path
-                self._give_up(exc)
+            # One thread at a time through Triton here: _entry reads the autotuner's best_config,
+            # which another thread's launch of this kernel could change in between.
+            with self._lock:
+                if len(self.cache) >= FAST_LAUNCH_CACHE_SIZE:  # many shapes: start over, bounded
+                    self.cache.clear()
+                compiled = self.kernel[grid](*args, **kwargs)
+                try:
+                    self.cache[key] = self._entry(compiled, grid, args, kwargs)
+                except Exception as exc:  # noqa: BLE001 - any surprise: stop using the fast path
+                    self._give_up(exc)
             return compiled
         compiled, grid3, tail, run = entry
         try:
