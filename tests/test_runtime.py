@@ -200,6 +200,8 @@ def test_autotune_off_on_gpu_takes_the_first_config_pruning_keeps(monkeypatch):
     assert len(tuner.configs) == 3
     assert tuner.early_config_prune(_CONFIGS, {"min_block": 32}) == [_CONFIGS[1]]
     assert tuner.early_config_prune(_CONFIGS, {"min_block": 1}) == [_CONFIGS[0]]
+    # Nothing is timed for the lone config (older Triton would benchmark it).
+    assert tuner.do_bench(lambda: pytest.fail("timed"), quantiles=(0.5, 0.2, 0.8)) == [0.0] * 3
     plain = runtime.autotune(_CONFIGS, key=["n"])(_tuned_inc_kernel.fn)
     assert plain.configs == [_CONFIGS[0]]
 
