@@ -356,9 +356,8 @@ class FastLaunch:
             # constexprs, defaults) are part of the key: fixed for this entry.
             all_args = (*args, *tail)
             stream = torch._C._cuda_getCurrentRawStream(device)
-            runtime_knobs = _runtime_knobs()
-            if runtime_knobs is not None and _no_hook(runtime_knobs.launch_enter_hook) \
-                    and _no_hook(runtime_knobs.launch_exit_hook):
+            if _RUNTIME_KNOBS is not None and _no_hook(_RUNTIME_KNOBS.launch_enter_hook) \
+                    and _no_hook(_RUNTIME_KNOBS.launch_exit_hook):
                 # What CompiledKernel's runner does when no launch hook is set (Triton >= 3.3),
                 # without building a runner closure and its launch metadata every launch.
                 run(*grid3, stream, compiled.function, compiled.packed_metadata, None, None, None,
@@ -378,10 +377,11 @@ class FastLaunch:
             raise TypeError(f"launch returned {type(compiled).__name__}, not a CompiledKernel")
         extra = dict(self.kernel.best_config.all_kwargs()) if self.autotuned else {}
         extra = {k: v for k, v in extra.items() if k in self.arg_names}
+        all_args = self._all_args(args, kwargs, extra)
         if callable(grid):
-            grid = grid(dict(zip(self.arg_names, self._all_args(args, kwargs, extra))))
+            grid = grid(dict(zip(self.arg_names, all_args)))
         grid3 = (*grid, 1, 1)[:3]
-        tail = tuple(self._all_args(args, kwargs, extra)[len(args):])
+        tail = tuple(all_args[len(args):])
         return compiled, grid3, tail, compiled.run  # the C launcher (handles loaded by now)
 
     def _all_args(self, args, kwargs, extra) -> list:
@@ -410,10 +410,9 @@ def _no_hook(hook) -> bool:
     return hook is None or (type(hook).__name__ == "HookChain" and not hook.calls)
 
 
-def _runtime_knobs():
-    """``triton.knobs.runtime`` (launch hooks live there from Triton 3.3 on), else None."""
-    knobs = getattr(triton, "knobs", None)
-    return getattr(knobs, "runtime", None)
+#: ``triton.knobs.runtime`` (launch hooks live there from Triton 3.3 on), else None; looked up
+#: once, not on every launch (the hooks themselves are read from it at each launch).
+_RUNTIME_KNOBS = getattr(getattr(triton, "knobs", None), "runtime", None)
 
 
 def _fast_launcher(kernel) -> FastLaunch:

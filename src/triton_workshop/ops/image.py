@@ -468,9 +468,9 @@ class _FilterPlan:
 def _filter2d_plan(img: torch.Tensor, size: int, planes: int, out_height: int, out_width: int) -> _FilterPlan:
     vec = 16 // img.element_size()
     preload = size * size <= FILTER_PRELOAD_MAX_TAPS
-    # Reloaded taps are shared by a thread's columns: more columns, fewer reloads an output.
     num_warps = FILTER_NUM_WARPS_BY_K.get(size, FILTER_NUM_WARPS)
     if not preload:
+        # Reloaded taps are shared by a thread's columns: more columns, fewer reloads an output.
         blocks = max(1, FILTER_LARGE_K_COLUMNS // vec)
     else:
         blocks = FILTER_VECTORS_PER_THREAD_BY_K.get(size, FILTER_VECTORS_PER_THREAD)
