@@ -283,6 +283,61 @@ def section_filter2d():
                        work=nb, profile=False)
 
 
+def section_overhead():
+    """CPU cost of one eager call, step by step, on shapes so small that the GPU never limits:
+    what the host charges for an allocation, a launch, autograd, and each op end to end."""
+    print("== CPU µs per call on tiny shapes (best of 5 rounds of 300 calls; the GPU is idle)")
+    from triton_workshop import runtime
+
+    x = torch.randn(64, 1024, device=DEV, dtype=torch.float16, requires_grad=True)
+    xd = x.detach()
+    w = torch.randn(1024, device=DEV, dtype=torch.float16, requires_grad=True)
+    b = torch.randn(1024, device=DEV, dtype=torch.float16, requires_grad=True)
+    dy = torch.randn_like(xd)
+    y = tw.softmax(xd)
+
+    class Null(torch.autograd.Function):  # autograd's own cost: one Python Function, no kernels
+        @staticmethod
+        def forward(ctx, t):
+            return t.view_as(t)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    fwd_launch = runtime.wrap_triton(sm_ops.softmax_fwd_kernel)
+    plan = sm_ops._plan(xd.shape, 1, (xd.stride(), y.stride()), xd.dtype, False, sm_ops._knobs())
+    _, grid, scalars, consts = plan
+    cases = {
+        "torch.cuda.current_device()": torch.cuda.current_device,
+        "x.data_ptr()": xd.data_ptr,
+        "torch.empty_like(x)": lambda: torch.empty_like(xd),
+        "x.new_empty(shape)": lambda: xd.new_empty(xd.shape),
+        "Null fwd+bwd (autograd.grad)": lambda: torch.autograd.grad(Null.apply(x), [x], dy),
+        "softmax kernel launch alone (FastLaunch)": lambda: fwd_launch[grid](xd, y, *scalars, **consts),
+        "softmax_forward launcher": lambda: sm_ops.softmax_forward(xd, 1),
+        "tw.softmax no grad": lambda: tw.softmax(xd),
+        "torch.softmax no grad": lambda: torch.softmax(xd, -1),
+        "tw.softmax fwd+bwd": lambda: torch.autograd.grad(tw.softmax(x), [x], dy),
+        "torch.softmax fwd+bwd": lambda: torch.autograd.grad(torch.softmax(x, -1), [x], dy),
+        "tw.layer_norm no grad": lambda: tw.layer_norm(xd, (1024,), w.detach(), b.detach()),
+        "F.layer_norm no grad": lambda: F.layer_norm(xd, (1024,), w.detach(), b.detach()),
+        "tw.layer_norm fwd+bwd": lambda: torch.autograd.grad(tw.layer_norm(x, (1024,), w, b), [x, w, b], dy),
+        "F.layer_norm fwd+bwd": lambda: torch.autograd.grad(F.layer_norm(x, (1024,), w, b), [x, w, b], dy),
+    }
+    for name, fn in cases.items():
+        for _ in range(50):
+            fn()
+        best = float("inf")
+        for _ in range(5):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(300):
+                fn()
+            best = min(best, (time.perf_counter() - t0) / 300 * 1e6)
+        print(f"   {best:8.1f} µs  {name}")
+
+
 def section_cpu():
     """Where the CPU time of one eager call goes (cProfile, per call), for calls whose CPU
     enqueue time rivals their GPU time."""
@@ -341,7 +396,7 @@ def section_cpu():
 SECTIONS = {"softmax": section_softmax, "softmax_long": section_softmax_long,
             "layer_norm": section_layer_norm, "conv": section_conv, "filter2d": section_filter2d,
             "matmul": section_matmul, "attention": section_attention,
-            "cpu": section_cpu}
+            "cpu": section_cpu, "overhead": section_overhead}
 
 
 def main(argv=None) -> int:
