@@ -370,9 +370,14 @@ def _attn_fwd_inner(
     acc, l_i, m_i, q,
     k_ptrs, v_ptrs, stride_kn, stride_vn,
     offs_m, offs_n, mask_d, n_k, lo, hi, qk_scale,
-    CAUSAL: tl.constexpr, MASKED: tl.constexpr, EVEN_D: tl.constexpr,
+    CAUSAL: tl.constexpr, MASKED: tl.constexpr, EVEN_D: tl.constexpr, POSITIVE_SCALE: tl.constexpr,
     DOT_IN_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
+    # Full tiles with a positive scale: max(scale * s) = scale * max(s), so the row max is taken
+    # on the raw scores and each score then costs one fused multiply-add (s * scale - m) instead
+    # of a multiply and a subtract: the softmax's arithmetic, as much as the tensor cores, limits
+    # this loop at D <= 128.
+    SCALE_AFTER_MAX: tl.constexpr = POSITIVE_SCALE and not MASKED
     k_ptrs += lo.to(tl.int64) * stride_kn
     v_ptrs += lo.to(tl.int64) * stride_vn
     for start_n in range(lo, hi, BLOCK_N):
@@ -382,23 +387,29 @@ def _attn_fwd_inner(
         if DOT_IN_FP32:
             k = k.to(tl.float32)
         # Scores in base-2 units: scale * log2(e) is folded in (see the module docstring).
-        s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale
-        if MASKED:
-            valid = cols[None, :] < n_k
-            if CAUSAL:
-                valid = valid & (cols[None, :] <= offs_m[:, None])
-            # -inf, not a large negative number: exp2(-inf) is exactly 0, whatever the scale.
-            s = tl.where(valid, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_sub = m_new
-        if MASKED:
-            # A row that has seen no key yet has m = -inf, and -inf - (-inf) is NaN; subtracting
-            # 0 instead makes its p and alpha exactly 0 (m itself stays -inf until a key comes).
-            m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_sub[:, None])
+        s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)
+        if SCALE_AFTER_MAX:
+            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+            m_sub = m_new
+            p = tl.exp2(s * qk_scale - m_sub[:, None])
+        else:
+            s = s * qk_scale
+            if MASKED:
+                valid = cols[None, :] < n_k
+                if CAUSAL:
+                    valid = valid & (cols[None, :] <= offs_m[:, None])
+                # -inf, not a large negative number: exp2(-inf) is exactly 0, whatever the scale.
+                s = tl.where(valid, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_sub = m_new
+            if MASKED:
+                # A row that has seen no key yet has m = -inf, and -inf - (-inf) is NaN;
+                # subtracting 0 instead makes its p and alpha exactly 0 (m itself stays -inf
+                # until a key comes).
+                m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp2(s - m_sub[:, None])
         # Online softmax: what was accumulated against the old max is rescaled to the new one.
         alpha = tl.exp2(m_i - m_sub)
-        l_i = l_i * alpha + tl.sum(p, 1)
         v = _load_rows(v_ptrs, cols, n_k, mask_d, MASKED, EVEN_D)
         acc = acc * alpha[:, None]
         # P is rounded to the inputs' dtype for the tensor-core dot; acc stays fp32.
@@ -408,6 +419,8 @@ def _attn_fwd_inner(
             acc,
             input_precision=INPUT_PRECISION,
         )
+        # The row sum after the dot, as FlashAttention does: fewer values live across it.
+        l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
         k_ptrs += BLOCK_N * stride_kn
         v_ptrs += BLOCK_N * stride_vn
@@ -427,7 +440,7 @@ def attn_fwd_kernel(
     n_heads, n_q, n_k, group_size, sm_scale,
     N_Q_BUCKET, N_K_BUCKET,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, CAUSAL: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, POSITIVE_SCALE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     tl.static_assert(BLOCK_M % BLOCK_N == 0, "the causal split needs BLOCK_M % BLOCK_N == 0")
@@ -465,12 +478,12 @@ def attn_fwd_kernel(
     acc, l_i, m_i = _attn_fwd_inner(
         acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
         offs_m, offs_n, mask_d, n_k, zero, full_end, qk_scale,
-        CAUSAL, False, EVEN_D, DOT_IN_FP32, INPUT_PRECISION, BLOCK_N,
+        CAUSAL, False, EVEN_D, POSITIVE_SCALE, DOT_IN_FP32, INPUT_PRECISION, BLOCK_N,
     )  # fmt: skip
     acc, l_i, m_i = _attn_fwd_inner(
         acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
         offs_m, offs_n, mask_d, n_k, full_end, end, qk_scale,
-        CAUSAL, True, EVEN_D, DOT_IN_FP32, INPUT_PRECISION, BLOCK_N,
+        CAUSAL, True, EVEN_D, POSITIVE_SCALE, DOT_IN_FP32, INPUT_PRECISION, BLOCK_N,
     )  # fmt: skip
 
     # Every row sees at least key 0 (n_k > 0 is checked by the launcher), so l_i >= 1.
@@ -838,7 +851,7 @@ def attention_forward(
             q, k, v, out, lse,
             *q.stride(), *k.stride(), *v.stride(), *out.stride(),
             n_heads, n_q, n_k, n_heads // n_kv_heads, scale,
-            **_common_args(q, k, causal),
+            POSITIVE_SCALE=scale > 0, **_common_args(q, k, causal),
         )  # fmt: skip
     return out, lse
 
