@@ -309,7 +309,7 @@ def _bad_cases():
         ("v not a tensor", dict(v=3.0), TypeError, "v"),
         ("k dtype differs", dict(k=t(1, 2, 8, 16, dtype=torch.float16)), TypeError, "k"),
         ("float64", {n: t(1, 2, 8, 16, dtype=torch.float64) for n in "qkv"}, TypeError, "q"),
-        ("int", {n: torch.ones(1, 2, 8, 16, dtype=torch.int32) for n in "qkv"}, TypeError, "q"),
+        ("int", {n: torch.ones(1, 2, 8, 16, dtype=torch.int32, device=DEVICE) for n in "qkv"}, TypeError, "q"),
         ("q 2-D", dict(q=t(8, 16)), ValueError, "q"),
         ("k 5-D", dict(k=t(1, 1, 2, 8, 16)), ValueError, "k"),
         ("k 3-D, q 4-D", dict(k=t(2, 8, 16)), ValueError, "k"),
