@@ -84,6 +84,15 @@ def check(x, g, b, w, bias, *, eps=1e-5, tol=None, grads=True):
     want = torch.autograd.grad(ref, [refs[i] for i in used], dy.double())
     for i, gr, wr in zip(used, got, want):
         assert gr.dtype == leaves[i].dtype and gr.shape == leaves[i].shape
+        if i == 0 and x.shape[-1] == 1:
+            # K = 1: dx is 0 in exact arithmetic, the difference of two terms of size
+            # rstd * |dxhat| (rstd = eps ** -0.5); on the GPU the rounding of that difference
+            # (order of the sums, fused multiply-adds) differs from the interpreter's. Compare
+            # with the size of the terms that cancel, not with the 0 they cancel to.
+            dxhat = dy.double() @ w.double() * (1.0 if g is None else g.double())
+            scale = eps ** -0.5 * dxhat.abs().max().item()
+            assert (gr.double() - wr).abs().max().item() <= tol * scale
+            continue
         assert_close(gr, wr, tol)
 
 
