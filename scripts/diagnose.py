@@ -296,32 +296,24 @@ def section_overhead():
     dy = torch.randn_like(xd)
     y = tw.softmax(xd)
 
-    class Null(torch.autograd.Function):  # autograd's own cost: one Python Function, no kernels
-        @staticmethod
-        def forward(ctx, t):
-            return t.view_as(t)
+    def through_autograd(backward):
+        """An autograd.Function that passes its input through and runs ``backward(grad)``:
+        autograd's own cost, plus whatever ``backward`` does on autograd's device thread."""
 
-        @staticmethod
-        def backward(ctx, g):
-            return g
+        class Passthrough(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, t):
+                return t.view_as(t)
 
-    class LaunchInBackward(torch.autograd.Function):  # autograd + the softmax backward launcher
-        @staticmethod
-        def forward(ctx, t):
-            return t.view_as(t)
+            @staticmethod
+            def backward(ctx, g):
+                return backward(g)
 
-        @staticmethod
-        def backward(ctx, g):
-            return sm_ops.softmax_backward(g, y, 1)
+        return Passthrough
 
-    class AllocInBackward(torch.autograd.Function):  # autograd + one allocation in the backward
-        @staticmethod
-        def forward(ctx, t):
-            return t.view_as(t)
-
-        @staticmethod
-        def backward(ctx, g):
-            return torch.empty_like(g)
+    Null = through_autograd(lambda g: g)
+    AllocInBackward = through_autograd(torch.empty_like)
+    LaunchInBackward = through_autograd(lambda g: sm_ops.softmax_backward(g, y, 1))
 
     wd, bd = w.detach(), b.detach()
     _, mean, rstd = ln_ops.layer_norm_forward(xd, wd, bd, 1, 1e-5)
@@ -347,8 +339,8 @@ def section_overhead():
         "torch.softmax no grad": lambda: torch.softmax(xd, -1),
         "tw.softmax fwd+bwd": lambda: torch.autograd.grad(tw.softmax(x), [x], dy),
         "torch.softmax fwd+bwd": lambda: torch.autograd.grad(torch.softmax(x, -1), [x], dy),
-        "tw.layer_norm no grad": lambda: tw.layer_norm(xd, (1024,), w.detach(), b.detach()),
-        "F.layer_norm no grad": lambda: F.layer_norm(xd, (1024,), w.detach(), b.detach()),
+        "tw.layer_norm no grad": lambda: tw.layer_norm(xd, (1024,), wd, bd),
+        "F.layer_norm no grad": lambda: F.layer_norm(xd, (1024,), wd, bd),
         "layer_norm_forward launcher": lambda: ln_ops.layer_norm_forward(xd, wd, bd, 1, 1e-5),
         "layer_norm_backward launcher": lambda: ln_ops.layer_norm_backward(dy, xd, wd, mean, rstd, 1, True, True, True),
         "tw.layer_norm forward only, grad mode": lambda: tw.layer_norm(x, (1024,), w, b),
