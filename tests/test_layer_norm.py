@@ -284,3 +284,22 @@ def test_offsets_past_2_31_elements():
     torch.testing.assert_close(
         y[-8:].float(), F.layer_norm(x[-8:].float(), (n_cols,)), **TOLERANCES[torch.float16]
     )
+
+
+@pytest.mark.parametrize("affine", [True, False], ids=["affine", "plain"])
+def test_eager_backward_takes_the_plan_made_in_the_forward(path, monkeypatch, affine):
+    """As for softmax: the eager forward plans the backward for a contiguous gradient of x's
+    dtype; other gradients go through the registered op, with the same results."""
+    calls = []
+    planned = layer_norm_ops._layer_norm_backward_planned
+    monkeypatch.setattr(layer_norm_ops, "_layer_norm_backward_planned",
+                        lambda *args: calls.append(1) or planned(*args))
+    x = _randn(6, 40).requires_grad_()
+    w, b = _params((40,), torch.float32, weight=affine, bias=affine)
+    _check(x, 40, w, b)
+    assert calls == [1]
+    _check(x, 40, w, b, dy=_randn(40, 6, seed=2).t())
+    assert calls == [1]
+    # Only some gradients asked for: the plan follows needs_input_grad.
+    _check(x.detach(), 40, w, b)
+    assert calls == [1, 1] if affine else calls == [1]

@@ -198,3 +198,22 @@ def test_offsets_past_2_31_elements():
     y = softmax(x)
     ref = torch.softmax(x[-8:].float(), -1)
     torch.testing.assert_close(y[-8:].float(), ref, **TOLERANCES[torch.float16])
+
+
+def test_eager_backward_takes_the_plan_made_in_the_forward(path, monkeypatch):
+    """The eager forward finds the backward's plan for a gradient laid out like y; the backward
+    (on autograd's device thread on a GPU) then only allocates and launches. Any other gradient
+    layout, or a double backward, goes through the registered op."""
+    calls = []
+    planned = softmax_ops._softmax_backward_planned
+    monkeypatch.setattr(softmax_ops, "_softmax_backward_planned",
+                        lambda *args: calls.append(1) or planned(*args))
+    x = _randn(8, 33).requires_grad_()
+    _check(x, -1)
+    assert calls == [1]
+    _check(x, -1, dy=_randn(33, 8, seed=2).t())
+    assert calls == [1]
+    (dx,) = torch.autograd.grad(softmax(x, -1), x, _randn(8, 33, seed=3), create_graph=True)
+    assert calls == [1]
+    torch.testing.assert_close(
+        dx, torch.autograd.grad(torch.softmax(x, -1), x, _randn(8, 33, seed=3))[0])

@@ -317,9 +317,20 @@ class FastLaunch:
         return functools.partial(self._launch, grid)
 
     def _launch(self, grid, *args, **kwargs):
-        global FAST_LAUNCH
+        return self._launch_keyed(grid, args, kwargs)[0]
+
+    def launch_and_prepare(self, grid, args, kwargs) -> "PreparedLaunch | None":
+        """Launch ``kernel[grid](*args, **kwargs)`` and return it as a :class:`PreparedLaunch`
+        (None where the fast path does not hold this launch)."""
+        _, entry = self._launch_keyed(grid, args, kwargs)
+        if entry is None:
+            return None
+        return PreparedLaunch(self.kernel, grid, kwargs, entry)
+
+    def _launch_keyed(self, grid, args, kwargs):
+        """The launch; returns ``(what it returned, the cache entry of its key or None)``."""
         if not (FAST_LAUNCH and self.usable):
-            return self.kernel[grid](*args, **kwargs)
+            return self.kernel[grid](*args, **kwargs), None
         try:
             if callable(grid):
                 cells = grid.__closure__ or ()
@@ -337,7 +348,7 @@ class FastLaunch:
             key = (grid_key, device, args_key, tuple(kwargs.items()))
             entry = self.cache.get(key)
         except TypeError:  # something unhashable: Triton's path
-            return self.kernel[grid](*args, **kwargs)
+            return self.kernel[grid](*args, **kwargs), None
         if entry is None:
             # One thread at a time through Triton here: _entry reads the autotuner's best_config,
             # which another thread's launch of this kernel could change in between.
@@ -346,33 +357,21 @@ class FastLaunch:
                     self.cache.clear()
                 compiled = self.kernel[grid](*args, **kwargs)
                 try:
-                    self.cache[key] = self._entry(compiled, grid, args, kwargs)
+                    entry = self.cache[key] = self._entry(compiled, grid, args, kwargs, device)
                 except Exception as exc:  # noqa: BLE001 - any surprise: stop using the fast path
                     self._give_up(exc)
-            return compiled
-        compiled, grid3, tail, run = entry
+            return compiled, entry
         try:
-            # The parameters after the positional ones (keyword arguments, the autotuner's
-            # constexprs, defaults) are part of the key: fixed for this entry.
-            all_args = (*args, *tail)
-            stream = torch._C._cuda_getCurrentRawStream(device)
-            if _RUNTIME_KNOBS is not None and _no_hook(_RUNTIME_KNOBS.launch_enter_hook) \
-                    and _no_hook(_RUNTIME_KNOBS.launch_exit_hook):
-                # What CompiledKernel's runner does when no launch hook is set (Triton >= 3.3),
-                # without building a runner closure and its launch metadata every launch.
-                run(*grid3, stream, compiled.function, compiled.packed_metadata, None, None, None,
-                    *all_args)
-            else:
-                compiled[grid3](*all_args, stream=stream)
+            _run_entry(entry, args)
         except Exception as exc:  # noqa: BLE001
             self._give_up(exc)
-            return self.kernel[grid](*args, **kwargs)
-        return compiled
+            return self.kernel[grid](*args, **kwargs), None
+        return entry[0], entry
 
-    def _entry(self, compiled, grid, args, kwargs):
-        """``(compiled kernel, 3-d grid, tail, C launcher)`` for a launch just made; ``tail``: the
-        values of the parameters after the positional ones (keyword arguments, the autotuner's
-        constexprs, defaults), fixed for the key."""
+    def _entry(self, compiled, grid, args, kwargs, device):
+        """``(compiled kernel, 3-d grid, tail, C launcher, device)`` for a launch just made;
+        ``tail``: the values of the parameters after the positional ones (keyword arguments, the
+        autotuner's constexprs, defaults), fixed for the key."""
         if type(compiled).__name__ != "CompiledKernel":
             raise TypeError(f"launch returned {type(compiled).__name__}, not a CompiledKernel")
         extra = dict(self.kernel.best_config.all_kwargs()) if self.autotuned else {}
@@ -382,7 +381,7 @@ class FastLaunch:
             grid = grid(dict(zip(self.arg_names, all_args)))
         grid3 = (*grid, 1, 1)[:3]
         tail = tuple(all_args[len(args):])
-        return compiled, grid3, tail, compiled.run  # the C launcher (handles loaded by now)
+        return compiled, grid3, tail, compiled.run, device  # compiled.run: the C launcher
 
     def _all_args(self, args, kwargs, extra) -> list:
         """Every kernel parameter's value, in order (what Triton passes its compiled kernel):
@@ -400,6 +399,72 @@ class FastLaunch:
 
         warnings.warn(f"triton-workshop: fast kernel launches disabled ({type(exc).__name__}: {exc}); "
                       "launching through Triton", RuntimeWarning, stacklevel=3)
+
+
+def _run_entry(entry, args) -> None:
+    """Launch a :class:`FastLaunch` cache entry with the positional arguments ``args``."""
+    compiled, grid3, tail, run, device = entry
+    stream = _current_raw_stream(device)
+    if _RUNTIME_KNOBS is not None and _no_hook(_RUNTIME_KNOBS.launch_enter_hook) \
+            and _no_hook(_RUNTIME_KNOBS.launch_exit_hook):
+        # What CompiledKernel's runner does when no launch hook is set (Triton >= 3.3), without
+        # building a runner closure and its launch metadata every launch. The parameters after
+        # the positional ones (``tail``) are part of the entry's key: fixed.
+        run(*grid3, stream, compiled.function, compiled.packed_metadata, None, None, None,
+            *args, *tail)
+    else:
+        compiled[grid3](*args, *tail, stream=stream)
+
+
+def _current_raw_stream(device: int):
+    return torch._C._cuda_getCurrentRawStream(device)
+
+
+class PreparedLaunch:
+    """One launch of a compiled kernel, to be repeated with other tensors.
+
+    Made by :func:`launch` for a launcher whose *plan* (a cached description of one shape:
+    grid, scalar arguments, constexprs, the tensors' dtypes) fixes everything Triton specialises
+    on except the tensors' addresses. Calling it with new tensors of the same dtypes and 16-byte
+    alignment, on the same device, runs Triton's C launcher and nothing else: no key over every
+    argument (:class:`FastLaunch`'s cost), no binding (Triton's)."""
+
+    __slots__ = ("kernel", "grid", "kwargs", "entry")
+
+    def __init__(self, kernel, grid, kwargs, entry):
+        self.kernel, self.grid, self.kwargs, self.entry = kernel, grid, kwargs, entry
+
+    def __call__(self, *args) -> None:
+        if FAST_LAUNCH:
+            try:
+                _run_entry(self.entry, args)
+                return
+            except Exception as exc:  # noqa: BLE001 - as FastLaunch: Triton's path from now on
+                FastLaunch._give_up(exc)
+        self.kernel[self.grid](*args, **self.kwargs)
+
+
+def launch(kernel, grid, tensors: tuple, scalars: tuple, consts: dict, prepared: dict | None) -> None:
+    """``kernel[grid](*tensors, *scalars, **consts)`` for a launcher that has a plan.
+
+    ``prepared`` is a dict owned by the launcher's cached plan, which must fix ``grid``,
+    ``scalars``, ``consts`` and the dtypes of ``tensors``. The first eager launch per device and
+    pointer alignment goes through :class:`FastLaunch` (Triton compiles or finds the kernel);
+    later ones reuse it as a :class:`PreparedLaunch`. ``prepared=None``, tracing (torch.compile)
+    and the interpreter launch through :func:`wrap_triton` as usual."""
+    if prepared is None or not (FAST_LAUNCH and getattr(_direct, "on", False)):
+        wrap_triton(kernel)[grid](*tensors, *scalars, **consts)
+        return
+    # The device of the first tensor is the current one (launchers launch under device_guard);
+    # get_device() is cheaper than asking CUDA, on autograd's device thread especially.
+    key = (tensors[0].get_device(), *[t.data_ptr() % 16 == 0 for t in tensors])
+    launch_ = prepared.get(key)
+    if launch_ is not None:
+        launch_(*tensors, *scalars)
+        return
+    launch_ = _fast_launcher(kernel).launch_and_prepare(grid, (*tensors, *scalars), consts)
+    if launch_ is not None and len(prepared) < 64:  # a few devices x alignments in practice
+        prepared[key] = launch_
 
 
 _FAST_LAUNCHERS: dict[int, FastLaunch] = {}
@@ -422,7 +487,13 @@ def _fast_launcher(kernel) -> FastLaunch:
     return launcher
 
 
-def _launch_directly(launcher: Callable) -> Callable:
+def eager_backward() -> bool:
+    """Inside an eager autograd ``backward``: whether it may launch kernels directly (no graph
+    being built for a double backward, no dispatch mode or functorch transform watching)."""
+    return not (torch.is_grad_enabled() or _dispatch_modes() or _functorch_stack() is not None)
+
+
+def launch_directly(launcher: Callable) -> Callable:
     """``launcher`` with its kernels launched straight away rather than through the
     traceable wrapper (for code that is not being traced)."""
 
@@ -463,11 +534,11 @@ def register_op(
             # Opaque to torch.compile: its body only ever runs eagerly, on real tensors.
             schema = torch.library.infer_schema(launcher, mutates_args=tuple(mutates_args))
             op = torch.library.custom_op(qualname, mutates_args=tuple(mutates_args),
-                                         schema=schema)(_launch_directly(launcher))
+                                         schema=schema)(launch_directly(launcher))
             op.register_fake(fake)
         else:
             op = torch.library.triton_op(qualname, mutates_args=tuple(mutates_args))(launcher)
-        return RegisteredOp(op, _launch_directly(launcher))
+        return RegisteredOp(op, launch_directly(launcher))
 
     return decorate
 
@@ -482,6 +553,10 @@ class RegisteredOp:
     they go through an equivalent ``torch.autograd.Function`` built from the same forward,
     ``setup_context`` and backward as the op's ``register_autograd``. Everything else
     (``_opoverload``, ...) is the underlying op's.
+
+    In that eager Function ``ctx.eager`` is True, so a ``setup_context`` can do work for the
+    backward ahead of time, on the calling thread: CUDA backwards run on autograd's own device
+    thread, where the same Python costs several times more (cold caches, a thread hand-off).
     """
 
     def __init__(self, op, launcher: Callable):
@@ -500,6 +575,7 @@ class RegisteredOp:
         class EagerAutograd(torch.autograd.Function):
             @staticmethod
             def forward(ctx, *args):
+                ctx.eager = True  # setup_context may prepare the backward's launch (see above)
                 output = launcher(*args)
                 if setup_context is not None:
                     setup_context(ctx, args, output)

@@ -48,7 +48,7 @@ import triton
 import triton.language as tl
 
 from .. import runtime
-from ..runtime import acc_dtype, chunk_tile, num_warps_for, register_op, row_tile, wrap_triton
+from ..runtime import acc_dtype, chunk_tile, num_warps_for, register_op, row_tile
 from .softmax import SUPPORTED_DTYPES
 
 #: Longest row the forward keeps whole in registers; longer rows are streamed in
@@ -359,7 +359,7 @@ def layer_norm_forward(
     """``(y, mean, rstd)`` of layer norm over the last ``norm_ndim`` dims of ``x`` (arguments
     already checked by :func:`layer_norm`); ``mean`` and ``rstd`` have one value per row."""
     n_rows, n_cols = _rows_cols(x, norm_ndim)
-    y = x.new_empty(x.shape)
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
     stats = _stats_dtype(x.dtype)
     mean = x.new_empty(n_rows, dtype=stats)
     rstd = x.new_empty(n_rows, dtype=stats)
@@ -370,12 +370,11 @@ def layer_norm_forward(
     x = x.contiguous()
     w = weight.contiguous() if weight is not None else x
     b = bias.contiguous() if bias is not None else x  # never read when HAS_BIAS is off
-    chunked, grid, consts = _forward_plan(n_rows, n_cols, x.dtype, weight is not None,
-                                          bias is not None, _forward_knobs())
-    kernel = layer_norm_fwd_chunked_kernel if chunked else layer_norm_fwd_kernel
-    scalars = (n_cols, eps) if chunked else (n_rows, n_cols, eps)
+    kernel, grid, scalars, consts, prepared = _forward_plan(
+        n_rows, n_cols, eps, (x.dtype, w.dtype, b.dtype), weight is not None, bias is not None,
+        _forward_knobs())
     with runtime.device_guard(x):
-        wrap_triton(kernel)[grid](x, w, b, y, mean, rstd, *scalars, **consts)
+        runtime.launch(kernel, grid, (x, w, b, y, mean, rstd), scalars, consts, prepared)
     return y, mean, rstd
 
 
@@ -384,18 +383,20 @@ def _forward_knobs() -> tuple:
 
 
 @functools.lru_cache(maxsize=1024)
-def _forward_plan(n_rows, n_cols, dtype, has_weight, has_bias, knobs):
-    """``(chunked, grid, constexpr args)`` of the forward launch. Cached: the same few shapes
-    come back every step, and on a slow host working this out costs as much as a launch."""
+def _forward_plan(n_rows, n_cols, eps, dtypes, has_weight, has_bias, knobs):
+    """``(kernel, grid, scalar args, constexpr args, prepared launches)`` of the forward launch
+    (``dtypes``: of x, weight and bias as launched). Cached: the same few shapes come back
+    every step, and on a slow host working this out costs as much as a launch."""
     single_block_max, chunk_cols, tile_elems, max_rows = knobs
-    consts = dict(HAS_WEIGHT=has_weight, HAS_BIAS=has_bias, ACC=acc_dtype(dtype))
+    consts = dict(HAS_WEIGHT=has_weight, HAS_BIAS=has_bias, ACC=acc_dtype(dtypes[0]))
     if n_cols <= single_block_max:
         tile = row_tile(n_cols, n_rows, tile_elems=tile_elems, max_rows=max_rows)
         consts.update(BLOCK_N=tile.block_cols, ROWS=tile.rows, num_warps=tile.num_warps)
-        return False, (runtime.cdiv(n_rows, tile.rows),), consts
+        return (layer_norm_fwd_kernel, (runtime.cdiv(n_rows, tile.rows),), (n_rows, n_cols, eps),
+                consts, {})
     tile = chunk_tile(n_cols, chunk_cols)
     consts.update(BLOCK_N=tile.block_cols, num_warps=tile.num_warps)
-    return True, (n_rows,), consts
+    return layer_norm_fwd_chunked_kernel, (n_rows,), (n_cols, eps), consts, {}
 
 
 def _grad_dtypes(x, weight, bias_dtype) -> tuple[torch.dtype, torch.dtype]:
@@ -429,14 +430,35 @@ def _backward_knobs() -> tuple:
 
 
 @functools.lru_cache(maxsize=1024)
-def _backward_plan(n_rows, n_cols, dtype, bytes_per_elem_pair, has_weight, need, n_sms, knobs):
-    """The backward's launches for one shape: ``(chunked, n_partials, launches)`` with
-    ``launches`` a dict of kernel name -> ``(grid, scalar args, constexpr args)``. Cached like
-    the forward's plan. ``bytes_per_elem_pair``: bytes of one ``x`` and one ``dy`` element."""
+def _backward_plan(n_rows, n_cols, dtypes, has_weight, need, n_sms, knobs):
+    """The backward's launches for one shape: ``(n_partials, launches)`` with ``launches`` a
+    dict of kernel name -> ``(kernel, grid, scalar args, constexpr args, prepared launches)``
+    in launch order. Cached like the forward's plan. ``dtypes``: of ``dy``, ``x``, the weight
+    as launched, ``dweight`` and ``dbias``."""
+    _, need_dw, need_db = need
+    dy_dtype, dtype = dtypes[:2]
+    acc = acc_dtype(dtype)
+    n_partials, launches = _backward_main_launches(
+        n_rows, n_cols, dy_dtype.itemsize + dtype.itemsize, acc, has_weight, need, n_sms, knobs)
+    if need_dw or need_db:
+        # The second, small stage of the reduction, in a fixed order: deterministic.
+        launches["sum"] = (
+            layer_norm_bwd_sum_partials_kernel, (runtime.cdiv(n_cols, SUM_PARTIALS_BLOCK_N),),
+            (n_partials, n_cols),
+            dict(COMPUTE_DW=need_dw, COMPUTE_DB=need_db, ACC=acc, BLOCK_P=SUM_PARTIALS_BLOCK_P,
+                 BLOCK_N=SUM_PARTIALS_BLOCK_N, num_warps=4),
+            {})
+    return n_partials, launches
+
+
+def _backward_main_launches(n_rows, n_cols, bytes_per_elem_pair, acc, has_weight, need, n_sms,
+                            knobs):
+    """``(n_partials, launches)``: the backward's launches before the partial sums: one fused
+    kernel for rows that fit a block, else dx and the dweight/dbias partials chunk by chunk.
+    ``bytes_per_elem_pair``: bytes of one ``x`` and one ``dy`` element."""
     (single_block_max, chunk_cols, tile_elems, max_rows, programs_per_sm, wide_tile_elems,
      wide_num_warps, stages, prefetch_bytes) = knobs
     need_dx, need_dw, need_db = need
-    acc = acc_dtype(dtype)
     if n_cols <= single_block_max:
         tile = row_tile(n_cols, n_rows, tile_elems=tile_elems, max_rows=max_rows)
         elems = tile.rows * tile.block_cols
@@ -454,22 +476,25 @@ def _backward_plan(n_rows, n_cols, dtype, bytes_per_elem_pair, has_weight, need,
             STAGES=stages if prefetch <= prefetch_bytes else 1,
             num_warps=wide_num_warps if wide else tile.num_warps,
         )
-        launches = {"fused": ((n_programs,), (n_rows, n_cols, rows_per_program), consts)}
-        return False, n_programs, launches
+        launches = {"fused": (layer_norm_bwd_kernel, (n_programs,),
+                              (n_rows, n_cols, rows_per_program), consts, {})}
+        return n_programs, launches
     tile = chunk_tile(n_cols, chunk_cols)
     launches = {}
     if need_dx:
-        launches["dx"] = ((n_rows,), (n_cols,), dict(
-            HAS_WEIGHT=has_weight, ACC=acc, BLOCK_N=tile.block_cols, num_warps=tile.num_warps))
+        launches["dx"] = (layer_norm_bwd_dx_chunked_kernel, (n_rows,), (n_cols,), dict(
+            HAS_WEIGHT=has_weight, ACC=acc, BLOCK_N=tile.block_cols, num_warps=tile.num_warps),
+            {})
     n_col_blocks = runtime.cdiv(n_cols, tile.block_cols)
     n_groups = min(n_rows, runtime.cdiv(n_sms * programs_per_sm, n_col_blocks))
     rows_per_group = runtime.cdiv(n_rows, n_groups)
     n_groups = runtime.cdiv(n_rows, rows_per_group)
     if need_dw or need_db:
-        launches["dwdb"] = ((n_groups, n_col_blocks), (n_rows, n_cols, rows_per_group), dict(
+        launches["dwdb"] = (layer_norm_bwd_dwdb_chunked_kernel, (n_groups, n_col_blocks),
+                            (n_rows, n_cols, rows_per_group), dict(
             COMPUTE_DW=need_dw, COMPUTE_DB=need_db, ACC=acc, BLOCK_N=tile.block_cols,
-            num_warps=num_warps_for(tile.block_cols)))
-    return True, n_groups, launches
+            num_warps=num_warps_for(tile.block_cols)), {})
+    return n_groups, launches
 
 
 @register_op("layer_norm_backward", fake=_layer_norm_backward_fake)
@@ -490,47 +515,46 @@ def layer_norm_backward(
     ``bias_dtype`` (both in the arithmetic type, fp32 or fp64, when unknown)."""
     n_rows, n_cols = _rows_cols(x, norm_ndim)
     dw_dtype, db_dtype = _grad_dtypes(x, weight, bias_dtype)
-    dx = x.new_empty(x.shape if need_dx else (0,))
     if n_rows == 0 or n_cols == 0:  # a sum over no rows is 0
+        dx = x.new_empty(x.shape if need_dx else (0,))
         dw = x.new_zeros(n_cols if need_dw else 0, dtype=dw_dtype)
         db = x.new_zeros(n_cols if need_db else 0, dtype=db_dtype)
         return dx, dw, db
     dy, x = dy.contiguous(), x.contiguous()
     w = weight.contiguous() if weight is not None else x  # never read when HAS_WEIGHT is off
-    chunked, n_partials, launches = _backward_plan(
-        n_rows, n_cols, x.dtype, x.element_size() + dy.element_size(), weight is not None,
-        (need_dx, need_dw, need_db), runtime.num_sms(x.device), _backward_knobs(),
-    )
+    plan = _find_backward_plan(n_rows, n_cols, dy.dtype, x.dtype, w.dtype, dw_dtype, db_dtype,
+                               weight is not None, (need_dx, need_dw, need_db), x.device)
+    with runtime.device_guard(x):
+        return _backward_launches(plan, dy, x, w, mean, rstd, n_cols, need_dx, need_dw, need_db,
+                                  dw_dtype, db_dtype)
+
+
+def _find_backward_plan(n_rows, n_cols, dy_dtype, x_dtype, w_dtype, dw_dtype, db_dtype,
+                        has_weight, need, device):
+    return _backward_plan(n_rows, n_cols, (dy_dtype, x_dtype, w_dtype, dw_dtype, db_dtype),
+                          has_weight, need, runtime.num_sms(device), _backward_knobs())
+
+
+def _backward_launches(plan, dy, x, w, mean, rstd, n_cols, need_dx, need_dw, need_db, dw_dtype,
+                       db_dtype):
+    """Allocate and launch the backward of a plan (n_rows > 0, n_cols > 0, contiguous dy, x)."""
+    n_partials, launches = plan
+    dx = torch.empty_like(x) if need_dx else x.new_empty(0)
     # Row g of the partial buffers: the dweight/dbias sums of row group g (one allocation).
     n_sums = need_dw + need_db
     partials = x.new_empty((max(n_sums, 1), n_partials if n_sums else 0, n_cols),
                            dtype=_stats_dtype(x.dtype))
     dw_partial, db_partial = partials[0], partials[n_sums - 1 if n_sums else 0]
-    with runtime.device_guard(x):
-        if not chunked:
-            grid, scalars, consts = launches["fused"]
-            wrap_triton(layer_norm_bwd_kernel)[grid](
-                dy, x, w, mean, rstd, dx, dw_partial, db_partial, *scalars, **consts)
-        else:
-            if "dx" in launches:
-                grid, scalars, consts = launches["dx"]
-                wrap_triton(layer_norm_bwd_dx_chunked_kernel)[grid](
-                    dy, x, w, mean, rstd, dx, *scalars, **consts)
-            if "dwdb" in launches:
-                grid, scalars, consts = launches["dwdb"]
-                wrap_triton(layer_norm_bwd_dwdb_chunked_kernel)[grid](
-                    dy, x, mean, rstd, dw_partial, db_partial, *scalars, **consts)
-        # The second, small stage of the reduction, in a fixed order: deterministic.
-        dw = x.new_empty(n_cols if need_dw else 0, dtype=dw_dtype)
-        db = x.new_empty(n_cols if need_db else 0, dtype=db_dtype)
-        if n_sums:
-            wrap_triton(layer_norm_bwd_sum_partials_kernel)[
-                (runtime.cdiv(n_cols, SUM_PARTIALS_BLOCK_N),)
-            ](
-                dw_partial, db_partial, dw, db, n_partials, n_cols,
-                COMPUTE_DW=need_dw, COMPUTE_DB=need_db, ACC=acc_dtype(x.dtype),
-                BLOCK_P=SUM_PARTIALS_BLOCK_P, BLOCK_N=SUM_PARTIALS_BLOCK_N, num_warps=4,
-            )
+    dw = x.new_empty(n_cols if need_dw else 0, dtype=dw_dtype)
+    db = x.new_empty(n_cols if need_db else 0, dtype=db_dtype)
+    operands = {
+        "fused": (dy, x, w, mean, rstd, dx, dw_partial, db_partial),
+        "dx": (dy, x, w, mean, rstd, dx),
+        "dwdb": (dy, x, mean, rstd, dw_partial, db_partial),
+        "sum": (dw_partial, db_partial, dw, db),
+    }
+    for name, (kernel, grid, scalars, consts, prepared) in launches.items():
+        runtime.launch(kernel, grid, operands[name], scalars, consts, prepared)
     return dx, dw, db
 
 
@@ -544,6 +568,23 @@ def _layer_norm_setup_context(ctx, inputs, output):
     ctx.save_for_backward(x, weight, mean, rstd)
     ctx.norm_ndim = norm_ndim
     ctx.bias_dtype = bias.dtype if bias is not None else None
+    n_rows, n_cols = _rows_cols(x, norm_ndim)
+    if getattr(ctx, "eager", False) and n_rows and n_cols and x.is_contiguous() and (
+            weight is None or weight.is_contiguous()):
+        # The backward's plan, found now on the calling thread for the usual case of a
+        # contiguous gradient of x's dtype: the backward then only allocates and launches.
+        dw_dtype, db_dtype = _grad_dtypes(x, weight, ctx.bias_dtype)
+        ctx.backward_plan = (_find_backward_plan(
+            n_rows, n_cols, x.dtype, x.dtype, (weight if weight is not None else x).dtype,
+            dw_dtype, db_dtype, weight is not None, tuple(ctx.needs_input_grad[:3]), x.device),
+            n_cols, dw_dtype, db_dtype)
+
+
+@runtime.launch_directly
+def _layer_norm_backward_planned(planned, need, dy, x, weight, mean, rstd):
+    plan, n_cols, dw_dtype, db_dtype = planned
+    return _backward_launches(plan, dy, x, weight if weight is not None else x, mean, rstd,
+                              n_cols, *need, dw_dtype, db_dtype)
 
 
 def _layer_norm_backward_autograd(ctx, dy, _dmean, _drstd):
@@ -551,9 +592,16 @@ def _layer_norm_backward_autograd(ctx, dy, _dmean, _drstd):
     need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
     if dy is None:  # y did not reach the loss (grads are not materialised, see setup_context)
         return None, None, None, None, None
-    dx, dw, db = layer_norm_backward(
-        dy, x, weight, mean, rstd, ctx.norm_ndim, need_dx, need_dw, need_db, ctx.bias_dtype
-    )
+    planned = getattr(ctx, "backward_plan", None)
+    if (planned is not None and dy.dtype == x.dtype and dy.is_contiguous()
+            and dy.device == x.device and runtime.eager_backward()):
+        # Autograd runs a CUDA backward on its device thread, already on x's device.
+        dx, dw, db = _layer_norm_backward_planned(
+            planned, (need_dx, need_dw, need_db), dy, x, weight, mean, rstd)
+    else:
+        dx, dw, db = layer_norm_backward(
+            dy, x, weight, mean, rstd, ctx.norm_ndim, need_dx, need_dw, need_db, ctx.bias_dtype
+        )
     if ctx.norm_ndim > 1:  # the kernels return flat dweight/dbias (empty when not needed)
         norm_shape = x.shape[x.dim() - ctx.norm_ndim :]
         dw = dw.view(norm_shape) if need_dw else None

@@ -47,7 +47,7 @@ import triton
 import triton.language as tl
 
 from .. import runtime
-from ..runtime import FLOAT_DTYPES, acc_dtype, chunk_tile, register_op, row_tile, wrap_triton
+from ..runtime import FLOAT_DTYPES, acc_dtype, chunk_tile, register_op, row_tile
 
 #: fp16/bf16/fp32 compute in fp32; fp64 is accepted too and computes in fp64 (gradcheck needs it).
 SUPPORTED_DTYPES = FLOAT_DTYPES + (torch.float64,)
@@ -297,9 +297,10 @@ def _knobs() -> tuple:
 @functools.lru_cache(maxsize=1024)
 def _plan(shape, dim: int, all_strides, dtype, backward: bool, knobs: tuple):
     """How to launch over tensors of ``shape`` with ``all_strides`` (inputs, then output):
-    ``(single_block, grid, scalar args, constexpr args)``, or None if a tensor needs a copy.
-    Cached: a training loop calls softmax on the same few shapes, and on a slow host the Python
-    that works this out costs as much as the kernel's launch."""
+    ``(single_block, grid, scalar args, constexpr args, prepared launches)``, or None if a tensor
+    needs a copy. Cached: a training loop calls softmax on the same few shapes, and on a slow
+    host the Python that works this out costs as much as the kernel's launch. The plan's own
+    dict keeps its launches ready to repeat (:func:`runtime.launch`)."""
     single_block_max, backward_single_block_max, chunk_cols, tile_elems, max_rows, reload_min = knobs
     if backward:
         single_block_max = backward_single_block_max
@@ -319,14 +320,23 @@ def _plan(shape, dim: int, all_strides, dtype, backward: bool, knobs: tuple):
         if backward:
             consts["RELOAD"] = tile.rows * tile.block_cols >= reload_min
         consts.update(BLOCK_N=tile.block_cols, ROWS=tile.rows, num_warps=tile.num_warps)
-        return True, (runtime.cdiv(n_rows, tile.rows),), (n_rows, n_cols, n_inner, *strides), consts
+        grid = (runtime.cdiv(n_rows, tile.rows),)
+        return True, grid, (n_rows, n_cols, n_inner, *strides), consts, {}
     tile = chunk_tile(n_cols, chunk_cols)
     consts.update(BLOCK_N=tile.block_cols, num_warps=tile.num_warps)
-    return False, (n_rows,), (n_cols, n_inner, *strides), consts
+    return False, (n_rows,), (n_cols, n_inner, *strides), consts, {}
+
+
+def _find_plan(shape, dim: int, all_strides, dtype, backward: bool):
+    key = (shape, dim, all_strides, dtype, backward, _knobs())
+    try:
+        return _plan(*key)
+    except TypeError:  # symbolic sizes under torch.compile are not hashable: no cache
+        return _plan.__wrapped__(*key)
 
 
 def _new_output(x: torch.Tensor) -> torch.Tensor:
-    return x.new_empty(x.shape)
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 def _softmax_forward_fake(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -339,19 +349,20 @@ def _launch(single_block_kernel, online_kernel, dim: int, *tensors: torch.Tensor
     ``dim``: whole rows in registers when they fit, the chunked online kernel otherwise. The
     kernels get the tensors themselves and the rows' strides, no reshaped views."""
     first = tensors[0]
-    key = (first.shape, dim, tuple(t.stride() for t in tensors), first.dtype, backward, _knobs())
-    try:
-        plan = _plan(*key)
-    except TypeError:  # symbolic sizes under torch.compile are not hashable: no cache
-        plan = _plan.__wrapped__(*key)
+    plan = _find_plan(first.shape, dim, tuple([t.stride() for t in tensors]), first.dtype,
+                      backward)
     if plan is None:  # a tensor whose rows are not a strided view: copy it once
         _launch(single_block_kernel, online_kernel, dim,
                 *(t.contiguous() for t in tensors[:-1]), tensors[-1], backward=backward)
         return
-    single_block, grid, scalars, consts = plan
-    kernel = single_block_kernel if single_block else online_kernel
     with runtime.device_guard(first):
-        wrap_triton(kernel)[grid](*tensors, *scalars, **consts)
+        _launch_plan(plan, single_block_kernel, online_kernel, tensors)
+
+
+def _launch_plan(plan, single_block_kernel, online_kernel, tensors) -> None:
+    single_block, grid, scalars, consts, prepared = plan
+    kernel = single_block_kernel if single_block else online_kernel
+    runtime.launch(kernel, grid, tensors, scalars, consts, prepared)
 
 
 @register_op("softmax_forward", fake=_softmax_forward_fake)
@@ -382,10 +393,27 @@ def _softmax_setup_context(ctx, inputs, output):
     _, dim = inputs
     ctx.save_for_backward(output)  # the backward needs y only, not x
     ctx.dim = dim
+    if getattr(ctx, "eager", False) and output.numel():
+        # The backward's plan, found now on the calling thread for the usual case of a gradient
+        # laid out like y (y is contiguous): the backward then only allocates and launches.
+        ctx.backward_plan = _find_plan(output.shape, dim, (output.stride(),) * 3, output.dtype,
+                                       True)
+
+
+@runtime.launch_directly
+def _softmax_backward_planned(plan, grad_out: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    dx = torch.empty_like(out)
+    _launch_plan(plan, softmax_bwd_kernel, softmax_bwd_online_kernel, (out, grad_out, dx))
+    return dx
 
 
 def _softmax_backward_autograd(ctx, grad_out):
     (out,) = ctx.saved_tensors
+    plan = getattr(ctx, "backward_plan", None)
+    if (plan is not None and grad_out.stride() == out.stride() and grad_out.dtype == out.dtype
+            and grad_out.device == out.device and runtime.eager_backward()):
+        # Autograd runs a CUDA backward on its device thread, already on out's device.
+        return _softmax_backward_planned(plan, grad_out, out), None
     return softmax_backward(grad_out, out, ctx.dim), None
 
 
