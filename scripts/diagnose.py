@@ -415,10 +415,276 @@ def section_cpu():
     print(f"   fast launch: {'on' if runtime.FAST_LAUNCH else 'OFF'}; launch keys cached: {cached}")
 
 
+def section_waits():
+    """Does an eager call make the CPU wait for the GPU? A long GPU sleep is queued first, then
+    the call runs: a call that only enqueues returns in microseconds, one that synchronises
+    (directly, or through the allocator or autograd) returns only when the sleep is over. Then
+    the CPU enqueue time per call across sizes, and a profile of the CUDA runtime calls."""
+    from torch.profiler import ProfilerActivity, profile
+
+    print("== waits: CPU ms of calls queued behind a 30 ms GPU sleep (>= 30 means it waited)")
+    m, n = 8192, 8192
+    x = torch.randn(m, n, device=DEV, dtype=torch.float16, requires_grad=True)
+    w = torch.randn(n, device=DEV, dtype=torch.float16, requires_grad=True)
+    b = torch.randn(n, device=DEV, dtype=torch.float16, requires_grad=True)
+    xd = x.detach()
+    dy = torch.randn_like(xd)
+    y = tw.softmax(xd)
+
+    class Passthrough(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            return t.view_as(t)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    class AllocInBackward(Passthrough):
+        @staticmethod
+        def backward(ctx, g):
+            return torch.empty_like(g)
+
+    class LaunchInBackward(Passthrough):
+        @staticmethod
+        def backward(ctx, g):
+            return sm_ops.softmax_backward(g, y, 1)
+
+    compiled = torch.compile(lambda t: torch.softmax(t, -1))
+    compiled_ln = torch.compile(lambda t, w_, b_: F.layer_norm(t, (n,), w_, b_))
+    cases = {
+        "torch.empty_like(x) 128 MiB": lambda: torch.empty_like(xd),
+        "Null fwd+bwd": lambda: torch.autograd.grad(Passthrough.apply(x), [x], dy),
+        "AllocInBackward fwd+bwd": lambda: torch.autograd.grad(AllocInBackward.apply(x), [x], dy),
+        "LaunchInBackward fwd+bwd": lambda: torch.autograd.grad(LaunchInBackward.apply(x), [x], dy),
+        "softmax_forward launcher": lambda: sm_ops.softmax_forward(xd, 1),
+        "softmax_backward launcher": lambda: sm_ops.softmax_backward(dy, y, 1),
+        "tw.softmax fwd, grad mode": lambda: tw.softmax(x),
+        "tw.softmax fwd+bwd": lambda: torch.autograd.grad(tw.softmax(x), [x], dy),
+        "torch.softmax fwd+bwd": lambda: torch.autograd.grad(torch.softmax(x, -1), [x], dy),
+        "compiled softmax fwd+bwd": lambda: torch.autograd.grad(compiled(x), [x], dy),
+        "tw.layer_norm fwd+bwd": lambda: torch.autograd.grad(tw.layer_norm(x, (n,), w, b), [x, w, b], dy),
+        "F.layer_norm fwd+bwd": lambda: torch.autograd.grad(F.layer_norm(x, (n,), w, b), [x, w, b], dy),
+        "compiled layer_norm fwd+bwd": lambda: torch.autograd.grad(compiled_ln(x, w, b), [x, w, b], dy),
+    }
+    sleep_cycles = int(30e-3 * torch.cuda.get_device_properties(0).clock_rate * 1e3)
+    for name, fn in cases.items():
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        times = []
+        torch.cuda._sleep(sleep_cycles)
+        for _ in range(4):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+        torch.cuda.synchronize()
+        flag = "  <-- WAITED" if max(times) > 20 else ""
+        print(f"   {name:32s} " + " ".join(f"{t:7.2f}" for t in times) + " ms" + flag, flush=True)
+
+    print("== CPU enqueue µs per fwd+bwd call (30 calls, no sync) by size, and GPU µs (do_bench)")
+    for rows, cols in ((64, 1024), (1024, 1024), (8192, 1024), (65536, 1024), (8192, 8192)):
+        xs = torch.randn(rows, cols, device=DEV, dtype=torch.float16, requires_grad=True)
+        dys = torch.randn_like(xs)
+        for name, fn in {"tw": lambda: torch.autograd.grad(tw.softmax(xs), [xs], dys),
+                         "torch": lambda: torch.autograd.grad(torch.softmax(xs, -1), [xs], dys),
+                         "Null": lambda: torch.autograd.grad(Passthrough.apply(xs), [xs], dys)}.items():
+            print(f"   softmax {rows}x{cols} {name:6s}: {cpu_us(fn):7.1f} µs CPU, "
+                  f"{gpu_ms(fn) * 1e3:7.1f} µs GPU", flush=True)
+
+    print("== CUDA runtime calls in 20 tw.softmax fwd+bwd calls at 8192x8192 (CPU µs per call)")
+    fn = cases["tw.softmax fwd+bwd"]
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(20):
+            fn()
+        torch.cuda.synchronize()
+    rows = [e for e in prof.key_averages() if e.key.startswith("cu") or "ynchron" in e.key
+            or "autograd" in e.key.lower()]
+    for e in sorted(rows, key=lambda e: -e.cpu_time_total)[:15]:
+        print(f"      {e.cpu_time_total / 20:9.1f} µs  ×{e.count / 20:<5g} {e.key[:90]}")
+    gpu = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                 if e.device_type == torch.autograd.DeviceType.CUDA)
+    gaps = [(b[0] - a[1], a[2][:40], b[2][:40]) for a, b in zip(gpu, gpu[1:])]
+    busy = sum(e - s for s, e, _ in gpu)
+    span = gpu[-1][1] - gpu[0][0] if gpu else 0
+    print(f"      GPU busy {busy / 20:.1f} µs per call of a {span / 20:.1f} µs span; largest gaps:")
+    for gap, a, b_ in sorted(gaps, reverse=True)[:4]:
+        print(f"      {gap:9.1f} µs between {a} and {b_}")
+
+
+def section_thread():
+    """The same host code on the main thread and on autograd's device thread (where CUDA
+    backwards run), with the GPU idle and with the GPU busy (a long sleep queued ahead): µs per
+    step, measured inside the thread that runs it, and the hand-off cost of autograd.grad."""
+    print("== thread: µs per step on the main thread vs autograd's device thread, GPU idle/busy")
+    small = torch.randn(64, 1024, device=DEV, dtype=torch.float16)
+    big = torch.randn(8192, 8192, device=DEV, dtype=torch.float16)
+    y_small, y_big = tw.softmax(small), tw.softmax(big)
+    launch = sm_ops.softmax_backward(small, y_small, 1)  # compiled, fast-launch entry made
+
+    def python_loop():
+        total = 0
+        for i in range(200):
+            total += i
+        return total
+
+    steps = {
+        "python loop (200 adds)": python_loop,
+        "torch.cuda.current_device()": torch.cuda.current_device,
+        "torch.empty_like(64x1024)": lambda: torch.empty_like(small),
+        "torch.empty_like(8192x8192)": lambda: torch.empty_like(big),
+        "torch.neg(64x1024) (one aten launch)": lambda: torch.neg(small),
+        "softmax_backward launcher 64x1024": lambda: sm_ops.softmax_backward(small, y_small, 1),
+        "softmax_backward launcher 8192x8192": lambda: sm_ops.softmax_backward(big, y_big, 1),
+    }
+    reps = 50
+    timings: dict = {}
+    probe = {"step": None, "t": 0.0, "enter": 0.0, "leave": 0.0}
+
+    class RunInBackward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            return t.view_as(t)
+
+        @staticmethod
+        def backward(ctx, g):
+            probe["enter"] = time.perf_counter()
+            step = probe["step"]
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                step()
+            probe["t"] = (time.perf_counter() - t0) / reps * 1e6
+            probe["leave"] = time.perf_counter()
+            return g
+
+    leaf = torch.randn(4, device=DEV, requires_grad=True)
+    g4 = torch.ones(4, device=DEV)
+    sleep_cycles = int(40e-3 * torch.cuda.get_device_properties(0).clock_rate * 1e3)
+    print(f"   {'step':40s} {'main idle':>10s} {'main busy':>10s} {'dev idle':>10s} {'dev busy':>10s}")
+    for name, step in steps.items():
+        row = []
+        for thread in ("main", "device"):
+            for busy in (False, True):
+                best = float("inf")
+                for _ in range(3):
+                    torch.cuda.synchronize()
+                    if busy:
+                        torch.cuda._sleep(sleep_cycles)
+                    if thread == "main":
+                        t0 = time.perf_counter()
+                        for _ in range(reps):
+                            step()
+                        us = (time.perf_counter() - t0) / reps * 1e6
+                    else:
+                        probe["step"] = step
+                        torch.autograd.grad(RunInBackward.apply(leaf), [leaf], g4)
+                        us = probe["t"]
+                    best = min(best, us)
+                torch.cuda.synchronize()
+                row.append(best)
+        print(f"   {name:40s} " + " ".join(f"{v:10.1f}" for v in row), flush=True)
+    # Hand-off: from calling autograd.grad to the backward's first line, and back.
+    probe["step"] = lambda: None
+    for busy in (False, True):
+        into, back = [], []
+        for _ in range(20):
+            torch.cuda.synchronize()
+            if busy:
+                torch.cuda._sleep(sleep_cycles // 10)
+            out = RunInBackward.apply(leaf)
+            t0 = time.perf_counter()
+            torch.autograd.grad(out, [leaf], g4)
+            t1 = time.perf_counter()
+            into.append((probe["enter"] - t0) * 1e6)
+            back.append((t1 - probe["leave"]) * 1e6)
+        into.sort(), back.sort()
+        print(f"   autograd.grad hand-off, GPU {'busy' if busy else 'idle'}: into backward "
+              f"{into[10]:.1f} µs, back to caller {back[10]:.1f} µs (medians of 20)")
+
+
+def section_launch():
+    """What one launch costs on the host, layer by layer (softmax backward, 64x1024, GPU idle):
+    Triton's C launcher alone, FastLaunch, the launcher's plan and guard, the registered op."""
+    import cProfile
+    import pstats
+
+    from triton_workshop import runtime
+
+    print("== launch: host µs per softmax backward launch, layer by layer (best of 5 x 300)")
+    x = torch.randn(64, 1024, device=DEV, dtype=torch.float16)
+    y = tw.softmax(x)
+    dy = torch.randn_like(x)
+    dx = torch.empty_like(x)
+    sm_ops.softmax_backward(dy, y, 1)
+    plan = sm_ops._plan(y.shape, 1, (y.stride(), dy.stride(), dx.stride()), y.dtype, True,
+                        sm_ops._knobs())
+    _, grid, scalars, consts = plan
+    fast = runtime._fast_launcher(sm_ops.softmax_bwd_kernel)
+    fast[grid](y, dy, dx, *scalars, **consts)
+    compiled, grid3, tail, run = next(iter(fast.cache.values()))
+    dev = torch.cuda.current_device()
+    stream = torch._C._cuda_getCurrentRawStream(dev)
+    args = (y, dy, dx, *scalars, *tail)
+
+    def c_launcher():
+        run(*grid3, stream, compiled.function, compiled.packed_metadata, None, None, None, *args)
+
+    ptrs = (y.data_ptr(), dy.data_ptr(), dx.data_ptr())
+    int_args = (*ptrs, *scalars, *tail)
+
+    def c_launcher_ints():
+        run(*grid3, stream, compiled.function, compiled.packed_metadata, None, None, None,
+            *int_args)
+
+    cases = {
+        "torch.neg(x) (aten launch)": lambda: torch.neg(x),
+        "torch.empty_like(x)": lambda: torch.empty_like(x),
+        "C launcher, tensors": c_launcher,
+        "C launcher, int pointers": c_launcher_ints,
+        "FastLaunch kernel[grid](...)": lambda: fast[grid](y, dy, dx, *scalars, **consts),
+        "sm_ops._launch (plan, guard, fast)": lambda: sm_ops._launch(
+            sm_ops.softmax_bwd_kernel, sm_ops.softmax_bwd_online_kernel, 1, y, dy, dx, backward=True),
+        "softmax_backward (registered op)": lambda: sm_ops.softmax_backward(dy, y, 1),
+        "tw.add(x, x)": lambda: tw.add(x, x),
+        "torch.add(x, x)": lambda: torch.add(x, x),
+    }
+    for name, fn in cases.items():
+        try:
+            for _ in range(50):
+                fn()
+        except Exception as exc:  # noqa: BLE001 - a diagnostic: say what failed and go on
+            print(f"   failed: {name}: {type(exc).__name__}: {exc}")
+            continue
+        best = float("inf")
+        for _ in range(5):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(300):
+                fn()
+            best = min(best, (time.perf_counter() - t0) / 300 * 1e6)
+        print(f"   {best:8.1f} µs  {name}", flush=True)
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    n = 2000
+    prof.enable()
+    for _ in range(n):
+        sm_ops.softmax_backward(dy, y, 1)
+    prof.disable()
+    torch.cuda.synchronize()
+    stats = pstats.Stats(prof)
+    rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:16]
+    print("   cProfile of softmax_backward (µs per call, own time):")
+    for (file, line, func), (cc, nc, tt, ct, _) in rows:
+        where = f"{file.split('site-packages/')[-1].split('src/')[-1]}:{line}({func})"
+        print(f"      {tt / n * 1e6:7.1f} own {ct / n * 1e6:7.1f} cum  ×{nc / n:<4g} {where[:100]}")
+
+
 SECTIONS = {"softmax": section_softmax, "softmax_long": section_softmax_long,
             "layer_norm": section_layer_norm, "conv": section_conv, "filter2d": section_filter2d,
             "matmul": section_matmul, "attention": section_attention,
-            "cpu": section_cpu, "overhead": section_overhead}
+            "cpu": section_cpu, "overhead": section_overhead, "waits": section_waits, "thread": section_thread, "launch": section_launch}
 
 
 def main(argv=None) -> int:
