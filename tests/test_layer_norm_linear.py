@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 import triton_workshop  # noqa: F401  (decides interpreter-or-GPU before the kernels import)
 from triton_workshop.ops import layer_norm_linear as lnl_module
+from triton_workshop.ops import matmul as matmul_module
 from triton_workshop.ops.layer_norm_linear import layer_norm_linear
 from triton_workshop.ops.matmul import tf32_enabled
 from triton_workshop.runtime import DEVICE
@@ -162,15 +163,72 @@ def test_large_mean(dtype):
     assert_close(out, ref, 2e-4 if dtype == torch.float32 else 2e-3)
 
 
-def test_tf32_path_centres_a():
-    """With TF32 on, fp32 takes the centred path (x - mean in the main loop, no c1 term). The
-    interpreter computes TF32 dots in IEEE fp32, so there this checks the algebra; the GPU test
-    checks the error stays at TF32's level despite a large mean."""
+def test_tf32_path_normalises_first(monkeypatch):
+    """With TF32 on, fp32 is not fused: layer_norm writes the normalised rows, then the matmul
+    reads them (TF32 would round the raw x, mean included, which c1 cannot cancel). The
+    interpreter computes TF32 dots in IEEE fp32, so there this checks the plumbing; on the GPU,
+    that the error stays at TF32's level despite a large mean."""
     torch.backends.cuda.matmul.allow_tf32 = True  # the fixture restores it
     assert lnl_module._input_precision(torch.float32) == "tf32"
     x, g, b, w, bias = make_inputs((40,), 96, 24, torch.float32, shift=50.0)
     tol = 1e-4 if triton_workshop.INTERPRET else 5e-3
     check(x, g, b, w, bias, tol=tol)
+    # Parameters of other dtypes reach layer_norm and the matmul's bias as they are.
+    check(x, g.double(), b.half(), w, bias.double(), tol=tol, grads=False)
+    launched = spy_launches(monkeypatch)
+    layer_norm_linear(x, g, b, w, bias)
+    assert "fold_weights_kernel" not in launched and launched[-1] == "matmul_kernel"
+
+
+# ---------------------------------------------------------------------------------------------
+# Ragged shapes through matmul_kernel with the LayerNorm epilogue: edge rows (columns) wrapped
+# around instead of masked, the masked K tail. NaN is planted wherever the kernel may read but
+# must never let reach a stored result (past K, in the padding of x's and W''s rows, past M);
+# every new_empty (the output, W', mean, rstd, the sums, aligned copies) starts as NaN too.
+# ---------------------------------------------------------------------------------------------
+NAN = float("nan")
+
+
+@pytest.fixture
+def poisoned_new_empty(monkeypatch):
+    new_empty = torch.Tensor.new_empty
+
+    def poisoned(self, *args, **kwargs):
+        out = new_empty(self, *args, **kwargs)
+        return out.fill_(NAN) if out.is_floating_point() else out
+
+    monkeypatch.setattr(torch.Tensor, "new_empty", poisoned)
+
+
+def in_nan_storage(values: torch.Tensor, transpose: bool = False) -> torch.Tensor:
+    """``values`` as a view into NaN storage whose rows are padded to 16 elements, with 2 NaN rows
+    below: aligned as Triton sees it, so read in place. ``transpose`` stores ``values.T`` so."""
+    stored = values.t() if transpose else values
+    rows, cols = stored.shape
+    buf = torch.full((rows + 2, -(-cols // 16) * 16), NAN, dtype=values.dtype, device=values.device)
+    buf[:rows, :cols] = stored
+    return buf[:rows, :cols].t() if transpose else buf[:rows, :cols]
+
+
+@pytest.mark.parametrize("ln_weight", [True, False], ids=["folded_w", "w_in_place"])
+@pytest.mark.parametrize("x_layout", ["rowmajor", "m_contig", "copied_aligned"])
+@pytest.mark.parametrize("K", [5, 64, 77], ids=lambda k: f"K{k}")  # BLOCK_K 64 in the interpreter
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_ragged_edges_never_reach_results(dtype, K, x_layout, ln_weight, monkeypatch,
+                                          poisoned_new_empty):  # fmt: skip
+    # M and N neither multiples of the 128-wide tile nor of 16 bytes: both edge tiles wrap. The
+    # mean (3) makes the epilogue's cancellation matter. "copied_aligned" is the GPU path: a
+    # ragged x is copied into padded rows first (and read in place at K = 64).
+    M, N = 133, 21
+    x_vals, g, b, w_vals, bias = make_inputs((M,), K, N, dtype, ln_weight=ln_weight, shift=3.0)
+    if x_layout == "copied_aligned":
+        monkeypatch.setattr(matmul_module, "ALIGN_OPERANDS", True)
+        x = x_vals
+    else:
+        x = in_nan_storage(x_vals, transpose=x_layout == "m_contig")
+    w = in_nan_storage(w_vals)  # W' = W, read in place, when there is no ln_weight
+    out = layer_norm_linear(x, g, b, w, bias)
+    assert_close(out, reference(x_vals, g, b, w_vals, bias), TOL[dtype])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -273,19 +331,26 @@ def test_fold_weights_empty_k():
     assert torch.equal(c1, torch.zeros_like(c1)) and torch.equal(c2, bias)
 
 
-def test_forward_is_three_launches(monkeypatch):
-    """Row statistics, folding, the matmul: nothing else runs per call (the folding used to be
-    a dozen torch kernels)."""
+def spy_launches(monkeypatch) -> list[str]:
+    """The names of the kernels launched from now on, in order, by this module and matmul's."""
     launched = []
-    real = lnl_module.wrap_triton
+    for module in (lnl_module, matmul_module):
+        real = module.wrap_triton
 
-    def spy(kernel):
-        launched.append(getattr(kernel, "fn", kernel).__name__)
-        return real(kernel)
+        def spy(kernel, real=real):
+            launched.append(getattr(kernel, "fn", kernel).__name__)
+            return real(kernel)
 
-    monkeypatch.setattr(lnl_module, "wrap_triton", spy)
+        monkeypatch.setattr(module, "wrap_triton", spy)
+    return launched
+
+
+def test_forward_is_three_launches(monkeypatch):
+    """Row statistics, folding, the matmul (matmul's own kernel, LayerNorm epilogue on): nothing
+    else runs per call (the folding used to be a dozen torch kernels)."""
+    launched = spy_launches(monkeypatch)
     layer_norm_linear(*make_inputs((2, 5), 24, 10, torch.float16))
-    assert launched == ["row_stats_kernel", "fold_weights_kernel", "layer_norm_linear_kernel"]
+    assert launched == ["row_stats_kernel", "fold_weights_kernel", "matmul_kernel"]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -55,6 +55,34 @@ if INTERPRET and not _QUIET:
 import triton  # noqa: E402  (after the decision above, on purpose)
 import triton.language as tl  # noqa: E402
 
+
+def _squeeze_interpreter_index() -> bool:
+    """Make the interpreter's scalars usable as ``range()`` bounds under NumPy >= 2.4.
+
+    The interpreter holds a scalar as a shape-(1,) array, and Triton <= 3.6 turns it into a Python
+    int with ``int(array)``, which NumPy 2.4 refuses ("only 0-dimensional arrays can be converted
+    to Python scalars"): every loop with a runtime bound then fails. Triton 3.7 squeezes first
+    (triton-lang/triton#9172); on older versions the same one-line fix is applied here. Returns
+    whether it was applied."""
+    try:
+        from triton.runtime import interpreter
+    except ImportError:  # pragma: no cover - a Triton without an interpreter module
+        return False
+    original = getattr(interpreter, "_patch_lang_tensor", None)
+    if original is None or "squeeze" in inspect.getsource(original):
+        return False
+
+    def patch_lang_tensor(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    interpreter._patch_lang_tensor = patch_lang_tensor
+    return True
+
+
+if INTERPRET:
+    _squeeze_interpreter_index()
+
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 

@@ -31,6 +31,9 @@ N) wrapped around to the start instead of masked; those land only in results nev
 
 The epilogue (``+ bias``, then ReLU / leaky ReLU / GELU) runs on the fp32 accumulator before the
 single store: ``act(A @ B + bias)`` costs one write of C instead of three passes over it.
+:mod:`~triton_workshop.ops.layer_norm_linear` turns on one more step before the bias
+(``LN_EPILOGUE``: a LayerNorm of A's rows, applied to the product instead of to A), and so runs
+on this same tuned main loop; off, it compiles to nothing.
 
 Numerics: products are accumulated in fp32 whatever the input dtype and rounded once, on the store.
 fp32 inputs follow PyTorch's TF32 setting (``torch.backends.cuda.matmul.allow_tf32``, or
@@ -195,13 +198,14 @@ def _mma(a, b, acc, INPUT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr):
 @runtime.autotune(
     configs=CONFIGS,
     # Buckets, not M/N/K: a new length in the same power-of-two bucket reuses the tuned config.
-    # The precision is in the key because TF32 and IEEE fp32 favour different tiles.
-    key=["M_BUCKET", "N_BUCKET", "K_BUCKET", "INPUT_PRECISION"],
+    # The precision is in the key because TF32 and IEEE fp32 favour different tiles; the
+    # LayerNorm epilogue because its three extra vectors take registers a tile may not spare.
+    key=["M_BUCKET", "N_BUCKET", "K_BUCKET", "INPUT_PRECISION", "LN_EPILOGUE"],
     prune_configs_by={"early_config_prune": prune_configs},
 )
 @triton.jit(do_not_specialize=["M_BUCKET", "N_BUCKET", "K_BUCKET"])
 def matmul_kernel(
-    a_ptr, b_ptr, c_ptr, bias_ptr,
+    a_ptr, b_ptr, c_ptr, bias_ptr, mean_ptr, rstd_ptr, c1_ptr,
     M, N, K,
     stride_ab, stride_am, stride_ak,
     stride_bb, stride_bk, stride_bn,
@@ -213,13 +217,16 @@ def matmul_kernel(
     B_K_GRAIN: tl.constexpr, B_N_GRAIN: tl.constexpr,
     INT32_TILE_OFFSETS: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    LN_EPILOGUE: tl.constexpr,
     ACTIVATION: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):  # fmt: skip
-    """``act(A @ B + bias)``, one output tile a program.
+    """``act(A @ B + bias)``, one output tile a program; with ``LN_EPILOGUE`` (2-D only),
+    ``act(rstd·(A @ B) − rstd·mean·c1 + bias)`` from fp32 ``mean``, ``rstd`` (one per row of A)
+    and ``c1`` (one per column), all contiguous: LayerNorm -> Linear (ops/layer_norm_linear.py).
 
     Each ``*_GRAIN`` (from :func:`_grain`) is the multiple of elements the kernel may round that
     operand dimension up to when it reads: the elements in 16 bytes along the contiguous dim of
@@ -280,6 +287,17 @@ def matmul_kernel(
         acc = _mma(a, b, acc, INPUT_PRECISION, DOT_IN_FP32)
 
     # Epilogue on the fp32 accumulator, before the one rounding to the output dtype.
+    if LN_EPILOGUE:
+        # A is the raw x and B the weight already scaled by ln_weight, c1 its column sums:
+        # rstd·(x @ B) − rstd·mean·c1 = ((x − mean)·rstd) @ B, the normalised rows never
+        # written. The mean part cancels exactly only because c1 sums the very B the tensor
+        # cores read (layer_norm_linear's docstring, "Numerics"). Loaded here, so the vectors
+        # hold no registers in the main loop. Rows past M read rstd 0: they are never stored.
+        in_m = offs_m < M
+        rstd = tl.load(rstd_ptr + offs_m, mask=in_m, other=0.0)
+        mean = tl.load(mean_ptr + offs_m, mask=in_m, other=0.0)
+        c1 = tl.load(c1_ptr + offs_n, mask=offs_n < N, other=0.0)
+        acc = acc * rstd[:, None] - (rstd * mean)[:, None] * c1[None, :]
     if HAS_BIAS:
         bias = tl.load(bias_ptr + offs_n * stride_bias, mask=offs_n < N, other=0.0)
         acc += bias.to(tl.float32)[None, :]
@@ -474,6 +492,62 @@ def _input_precision(dtype: torch.dtype) -> str:
     return "ieee"
 
 
+def _launch_matmul(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    activation: str = "none",
+    slope: float = 0.0,
+    ln_epilogue: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """``out = act(a @ b + bias)`` through :func:`matmul_kernel`; returns ``out``.
+
+    What every caller needs between checked inputs and the launch, written once: the TF32
+    operand layout, the aligned copies, the grid, the autotuning buckets, the grains. Shapes as
+    ``_out_shape`` gives them (``out`` of any strides), no dimension empty, K included.
+    ``ln_epilogue = (mean, rstd, c1)``, fp32 and contiguous, turns on the LayerNorm epilogue of
+    :mod:`~triton_workshop.ops.layer_norm_linear`: 2-D only, and never under TF32, which would
+    round the raw x whose mean the epilogue cancels (that module's docstring, "Numerics")."""
+    M, K = a.shape[-2:]
+    N = b.shape[-1]
+    batch = out.shape[0] if out.dim() == 3 else 1
+    precision = _input_precision(a.dtype)
+    assert ln_epilogue is None or (out.dim() == 2 and precision != "tf32")
+    if precision == "tf32":
+        a, b = _k_major(a, b)
+    if ALIGN_OPERANDS:
+        a, b = _aligned(a), _aligned(b)
+    # Placeholders are never read: their flags (HAS_BIAS, LN_EPILOGUE) are off.
+    bias_arg = bias if bias is not None else out
+    mean, rstd, c1 = ln_epilogue if ln_epilogue is not None else (out, out, out)
+
+    def grid(meta):
+        return (batch * triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
+
+    with runtime.device_guard(a):
+        wrap_triton(matmul_kernel)[grid](
+            a, b, out, bias_arg, mean, rstd, c1,
+            M, N, K,
+            _batch_stride(a), a.stride(-2), a.stride(-1),
+            _batch_stride(b), b.stride(-2), b.stride(-1),
+            out.stride(0) if out.dim() == 3 else 0, out.stride(-2), out.stride(-1),
+            bias.stride(0) if bias is not None else 0,
+            slope,
+            _bucket(M), _bucket(N), _bucket(K),
+            A_M_GRAIN=_grain(a, -2), A_K_GRAIN=_grain(a, -1),
+            B_K_GRAIN=_grain(b, -2), B_N_GRAIN=_grain(b, -1),
+            INT32_TILE_OFFSETS=bool(_MAX_BLOCK * (out.stride(-2) + out.stride(-1)) < 2**31),
+            HAS_BIAS=bias is not None,
+            LN_EPILOGUE=ln_epilogue is not None,
+            ACTIVATION=activation,
+            INPUT_PRECISION=precision,
+            DOT_IN_FP32=runtime.INTERPRET and a.dtype == torch.bfloat16,
+        )  # fmt: skip
+    return out
+
+
 def _activation_torch(z: torch.Tensor, activation: str, slope: float) -> torch.Tensor:
     if activation == "relu":
         return torch.relu(z)
@@ -516,35 +590,7 @@ def _matmul(
         return _activation_torch(z, activation, slope).to(a.dtype)
 
     out = a.new_empty(shape)
-    bias_arg = bias if bias is not None else out  # never read when HAS_BIAS is False
-    precision = _input_precision(a.dtype)
-    if precision == "tf32":
-        a, b = _k_major(a, b)
-    if ALIGN_OPERANDS:
-        a, b = _aligned(a), _aligned(b)
-
-    def grid(meta):
-        return (batch * triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
-
-    with runtime.device_guard(a):
-        wrap_triton(matmul_kernel)[grid](
-            a, b, out, bias_arg,
-            M, N, K,
-            _batch_stride(a), a.stride(-2), a.stride(-1),
-            _batch_stride(b), b.stride(-2), b.stride(-1),
-            out.stride(0) if out.dim() == 3 else 0, out.stride(-2), out.stride(-1),
-            bias.stride(0) if bias is not None else 0,
-            slope,
-            _bucket(M), _bucket(N), _bucket(K),
-            A_M_GRAIN=_grain(a, -2), A_K_GRAIN=_grain(a, -1),
-            B_K_GRAIN=_grain(b, -2), B_N_GRAIN=_grain(b, -1),
-            INT32_TILE_OFFSETS=bool(_MAX_BLOCK * (out.stride(-2) + out.stride(-1)) < 2**31),
-            HAS_BIAS=bias is not None,
-            ACTIVATION=activation,
-            INPUT_PRECISION=precision,
-            DOT_IN_FP32=runtime.INTERPRET and a.dtype == torch.bfloat16,
-        )  # fmt: skip
-    return out
+    return _launch_matmul(a, b, out, bias=bias, activation=activation, slope=slope)
 
 
 # --------------------------------------------------------------------------------------------

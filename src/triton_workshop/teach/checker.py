@@ -26,7 +26,6 @@ import re
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Callable, Sequence
 
 import torch
