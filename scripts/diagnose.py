@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import statistics
 import sys
 import time
 from collections import defaultdict
@@ -28,9 +29,11 @@ import triton
 from triton.testing import do_bench
 
 import triton_workshop as tw
+from triton_workshop import runtime
 from triton_workshop.ops import attention as attn_ops
 from triton_workshop.ops import conv as conv_ops
 from triton_workshop.ops import layer_norm as ln_ops
+from triton_workshop.ops import layer_norm_linear as lnl_ops
 from triton_workshop.ops import matmul as mm_ops
 from triton_workshop.ops import softmax as sm_ops
 
@@ -286,8 +289,6 @@ def section_overhead():
     """CPU cost of one eager call, step by step, on shapes so small that the GPU never limits:
     what the host charges for an allocation, a launch, autograd, and each op end to end."""
     print("== CPU µs per call on tiny shapes (best of 5 rounds of 300 calls; the GPU is idle)")
-    from triton_workshop import runtime
-
     x = torch.randn(64, 1024, device=DEV, dtype=torch.float16, requires_grad=True)
     xd = x.detach()
     w = torch.randn(1024, device=DEV, dtype=torch.float16, requires_grad=True)
@@ -385,8 +386,6 @@ def section_cpu():
         "matmul 1024^3": lambda: tw.matmul(a, a),
         "add 1024^2": lambda: tw.add(a, a),
     }
-    from triton_workshop import runtime
-
     n = 200
     for name, fn in cases.items():
         for _ in range(20):
@@ -608,7 +607,7 @@ def section_launch():
     import cProfile
     import pstats
 
-    from triton_workshop import runtime
+
 
     print("== launch: host µs per softmax backward launch, layer by layer (best of 5 x 300)")
     x = torch.randn(64, 1024, device=DEV, dtype=torch.float16)
@@ -679,10 +678,85 @@ def section_launch():
         print(f"      {tt / n * 1e6:7.1f} own {ct / n * 1e6:7.1f} cum  ×{nc / n:<4g} {where[:100]}")
 
 
+def section_lnl():
+    """Where layer_norm_linear's time goes at fp16 8192x4096x4096: B's layout (W' is K-major),
+    the LayerNorm epilogue, the matmul config, and the two small kernels before it."""
+    print("== lnl: layer_norm_linear fp16 8192x4096x4096, piece by piece")
+    M, N, K = 8192, 4096, 4096
+    flops = 2 * M * N * K
+    x = torch.randn(M, K, device=DEV, dtype=torch.float16)
+    lw = 1 + 0.1 * torch.randn(K, device=DEV, dtype=torch.float16)
+    lb = 0.1 * torch.randn(K, device=DEV, dtype=torch.float16)
+    w = torch.randn(N, K, device=DEV, dtype=torch.float16) / 64
+    bias = torch.randn(N, device=DEV, dtype=torch.float16)
+    wc = w.t().contiguous()  # (K, N), N contiguous
+    mean = torch.empty(M, device=DEV)
+    rstd = torch.empty(M, device=DEV)
+    # The private launchers, called directly (outside their registered op): launch_directly, or
+    # each launch goes through torch's traceable wrapper (milliseconds a call).
+    row_stats = runtime.launch_directly(lnl_ops._row_stats)
+    fold_weights = runtime.launch_directly(lnl_ops._fold_weights)
+    launch_matmul = runtime.launch_directly(mm_ops._launch_matmul)
+    row_stats(x, mean, rstd, 1e-5)
+    w_prime, sums = fold_weights(w, lw, lb, bias)
+    out = torch.empty(M, N, device=DEV, dtype=torch.float16)
+    report("cuBLAS F.linear(x, w, bias)", lambda: F.linear(x, w, bias), work=flops, unit="TFLOP/s",
+           profile=False)
+    report("cuBLAS x @ wc", lambda: x @ wc, work=flops, unit="TFLOP/s", profile=False)
+    report("tw.matmul(x, wc) (B N-major)", lambda: tw.matmul(x, wc), work=flops, unit="TFLOP/s",
+           profile=False)
+    report("tw.matmul(x, w.t()) (B K-major)", lambda: tw.matmul(x, w.t()), work=flops,
+           unit="TFLOP/s", profile=False)
+    report("tw.matmul(x, w.t(), bias)", lambda: tw.matmul(x, w.t(), bias=bias), work=flops,
+           unit="TFLOP/s", profile=False)
+
+    def ln_gemm():
+        return launch_matmul(x, w_prime.t(), out, bias=sums[N:], ln_epilogue=(mean, rstd, sums))
+
+    report("matmul_kernel LN epilogue", ln_gemm, work=flops, unit="TFLOP/s", profile=False)
+    report("row_stats", lambda: row_stats(x, mean, rstd, 1e-5), work=M * K * 2, profile=False)
+    report("fold_weights", lambda: fold_weights(w, lw, lb, bias), work=2 * N * K * 2,
+           profile=False)
+    report("layer_norm_linear", lambda: tw.layer_norm_linear(x, lw, lb, w, bias), work=flops,
+           unit="TFLOP/s")
+    # Configs, interleaved over rounds (the machine's timings drift by ~10% between minutes):
+    # the median per config and case.
+    kernel = mm_ops.matmul_kernel
+    configs = list(kernel.configs)
+    candidates = [(128, 256, 64, 3, 8, 8), (128, 256, 64, 3, 8, 16), (128, 256, 64, 4, 8, 8),
+                  (128, 256, 64, 4, 8, 16), (256, 128, 64, 3, 8, 16), (128, 256, 64, 3, 8, 32)]
+    cases = {"LN": ln_gemm, "K-major": lambda: tw.matmul(x, w.t()),
+             "cuBLAS linear": lambda: F.linear(x, w, bias)}
+    times = defaultdict(list)
+    try:
+        for _ in range(5):
+            for cand in candidates:
+                bm, bn, bk, stages, warps, group = cand
+                kernel.configs = [triton.Config(
+                    {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group},
+                    num_stages=stages, num_warps=warps)]
+                kernel.cache.clear()
+                runtime._FAST_LAUNCHERS.pop(id(kernel), None)  # it remembers the config chosen
+                for label, fn in cases.items():
+                    if label == "cuBLAS linear" and cand != candidates[0]:
+                        continue
+                    times[(cand, label)].append(gpu_ms(fn))
+    finally:
+        kernel.configs = configs
+        kernel.cache.clear()
+        runtime._FAST_LAUNCHERS.pop(id(kernel), None)
+    for (cand, label), ms in times.items():
+        med = statistics.median(ms)
+        print(f"   config {'x'.join(map(str, cand[:3]))} s{cand[3]} w{cand[4]} g{cand[5]} {label}: "
+              f"median {med * 1e3:7.1f} µs {flops / med / 1e9:6.1f} TFLOP/s "
+              f"(range {min(ms) * 1e3:.0f}-{max(ms) * 1e3:.0f})")
+
+
 SECTIONS = {"softmax": section_softmax, "softmax_long": section_softmax_long,
             "layer_norm": section_layer_norm, "conv": section_conv, "filter2d": section_filter2d,
             "matmul": section_matmul, "attention": section_attention,
-            "cpu": section_cpu, "overhead": section_overhead, "waits": section_waits, "thread": section_thread, "launch": section_launch}
+            "cpu": section_cpu, "overhead": section_overhead, "waits": section_waits, "thread": section_thread, "launch": section_launch,
+            "lnl": section_lnl}
 
 
 def main(argv=None) -> int:
