@@ -193,6 +193,33 @@ def section_layer_norm():
                peers={"torch": lambda: torch.autograd.grad(F.layer_norm(x, (n,), w, b), [x, w, b], dy)})
 
 
+def section_ln_long():
+    """layer_norm's backward on rows longer than the fused kernel takes (fp16 4096x16384): dx in
+    one single-block pass (default) or two chunked passes, each kernel's time; fwd+bwd against
+    eager and torch.compile."""
+    print("== ln_long: layer_norm fp16 backward, rows of 12288 and 16384")
+    for m, n in ((4096, 16384), (4096, 12288)):
+        x = torch.randn(m, n, device=DEV, dtype=torch.float16, requires_grad=True)
+        w = torch.randn(n, device=DEV, dtype=torch.float16, requires_grad=True)
+        b = torch.randn(n, device=DEV, dtype=torch.float16, requires_grad=True)
+        dy = torch.randn_like(x)
+        nb = m * n * 2
+        _, mean, rstd = ln_ops.layer_norm_forward(x.detach(), w.detach(), b.detach(), 1, 1e-5)
+        for name, vals in {"dx one pass": {}, "dx two passes": {"BACKWARD_DX_SINGLE_BLOCK_MAX_COLS": 8192},
+                           "dwdb 1 stage": {"DWDB_STAGES": 1}, "dwdb 2 stages": {"DWDB_STAGES": 2},
+                           "dwdb 4 stages": {"DWDB_STAGES": 4}}.items():
+            with knobs(ln_ops, **vals):
+                report(f"ln bwd {m}x{n} [{name}]",
+                       lambda: ln_ops.layer_norm_backward(dy, x, w, mean, rstd, 1, True, True, True),
+                       work=3 * nb)
+        compiled = torch.compile(lambda x, w, b: F.layer_norm(x, (n,), w, b))
+        report(f"ln fwd+bwd {m}x{n}",
+               lambda: torch.autograd.grad(tw.layer_norm(x, (n,), w, b), [x, w, b], dy),
+               work=5 * nb, profile=False,
+               peers={"torch": lambda: torch.autograd.grad(F.layer_norm(x, (n,), w, b), [x, w, b], dy),
+                      "compile": lambda: torch.autograd.grad(compiled(x, w, b), [x, w, b], dy)})
+
+
 def section_conv():
     print("== conv2d fp16 32x64x56x56, 64 filters 3x3 pad 1")
     x = torch.randn(32, 64, 56, 56, device=DEV, dtype=torch.float16)
@@ -756,7 +783,7 @@ SECTIONS = {"softmax": section_softmax, "softmax_long": section_softmax_long,
             "layer_norm": section_layer_norm, "conv": section_conv, "filter2d": section_filter2d,
             "matmul": section_matmul, "attention": section_attention,
             "cpu": section_cpu, "overhead": section_overhead, "waits": section_waits, "thread": section_thread, "launch": section_launch,
-            "lnl": section_lnl}
+            "lnl": section_lnl, "ln_long": section_ln_long}
 
 
 def main(argv=None) -> int:

@@ -1,4 +1,4 @@
-"""layer_norm against F.layer_norm computed in float64: values and gradients, both kernel paths.
+"""layer_norm against F.layer_norm computed in float64: values and gradients, every kernel path.
 
 Rows past 16384 columns are normally streamed in chunks; the ``path`` fixture lowers the module's
 threshold so that short rows exercise the chunked kernels in the interpreter in milliseconds.
@@ -26,14 +26,17 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 gpu_only = pytest.mark.skipif(INTERPRET, reason="needs a CUDA device")
 
 
-@pytest.fixture(params=["single_block", "chunked"])
+@pytest.fixture(params=["single_block", "dx_rows", "chunked"])
 def path(request, monkeypatch):
-    """Run the test on both kernel paths: the chunked one for every row of more than 2 columns,
-    in chunks of at most 64 (so 1000 columns take 16 chunks)."""
-    if request.param == "chunked":
-        monkeypatch.setattr(layer_norm_ops, "SINGLE_BLOCK_MAX_COLS", 2)
+    """Run the test on each kernel path: "chunked" for every row of more than 2 columns, in
+    chunks of at most 64 (so 1000 columns take 16 chunks); "dx_rows" is the backward for rows
+    too long for the fused kernel but not for dx alone (single-block dx, column-tiled sums)."""
+    if request.param != "single_block":
         monkeypatch.setattr(layer_norm_ops, "BACKWARD_SINGLE_BLOCK_MAX_COLS", 2)
         monkeypatch.setattr(layer_norm_ops, "CHUNK_COLS", 64)
+    if request.param == "chunked":
+        monkeypatch.setattr(layer_norm_ops, "SINGLE_BLOCK_MAX_COLS", 2)
+        monkeypatch.setattr(layer_norm_ops, "BACKWARD_DX_SINGLE_BLOCK_MAX_COLS", 2)
     return request.param
 
 
@@ -147,6 +150,23 @@ def test_large_mean_small_variance(path):
 def test_rows_longer_than_default_single_block_limits(n_cols):
     x = _randn(2, n_cols, shift=1.0).requires_grad_()
     _check(x, n_cols, *_params((n_cols,), torch.float32))
+
+
+@pytest.mark.parametrize("n_cols, kernels", [
+    (8192, ["fused", "sum"]),
+    (16384, ["dx_rows", "dwdb", "sum"]),  # dx alone fits a block; the sums are column-tiled
+    (16385, ["dx", "dwdb", "sum"]),
+])
+def test_backward_plan_by_row_length(n_cols, kernels):
+    """Which kernels the default limits pick, by row length (fp16, affine, every gradient)."""
+    dtypes = (torch.float16,) * 3 + (torch.float16, torch.float16)
+    _, launches = layer_norm_ops._backward_plan(
+        4096, n_cols, dtypes, True, (True, True, True), 132, layer_norm_ops._backward_knobs())
+    assert list(launches) == kernels
+    if "dx_rows" in launches:
+        _, grid, scalars, consts, _ = launches["dx_rows"]
+        assert grid == (128,) and scalars == (4096, 16384, 32)  # persistent: a program an SM
+        assert consts["STAGES"] == 1 and not consts["COMPUTE_DW"] and not consts["COMPUTE_DB"]
 
 
 def test_backward_is_deterministic(path):
