@@ -197,8 +197,8 @@ def section_ln_long():
     """layer_norm's backward on rows longer than the fused kernel takes (fp16 4096x16384): dx in
     one single-block pass (default) or two chunked passes, each kernel's time; fwd+bwd against
     eager and torch.compile."""
-    print("== ln_long: layer_norm fp16 backward, rows of 12288 and 16384")
-    for m, n in ((4096, 16384), (4096, 12288)):
+    print("== ln_long: layer_norm fp16 backward, rows of 12288 and 16384 (8192: the fused kernel)")
+    for m, n in ((4096, 16384), (4096, 12288), (8192, 8192)):
         x = torch.randn(m, n, device=DEV, dtype=torch.float16, requires_grad=True)
         w = torch.randn(n, device=DEV, dtype=torch.float16, requires_grad=True)
         b = torch.randn(n, device=DEV, dtype=torch.float16, requires_grad=True)
@@ -213,9 +213,15 @@ def section_ln_long():
                        lambda: ln_ops.layer_norm_backward(dy, x, w, mean, rstd, 1, True, True, True),
                        work=3 * nb)
         compiled = torch.compile(lambda x, w, b: F.layer_norm(x, (n,), w, b))
+        for name, vals in {"default": {}, "chunked": {"SINGLE_BLOCK_MAX_COLS": n // 2},
+                           "chunked 8192": {"SINGLE_BLOCK_MAX_COLS": n // 2, "CHUNK_COLS": 8192}}.items():
+            with knobs(ln_ops, **vals):
+                report(f"ln fwd {m}x{n} [{name}]",
+                       lambda: tw.layer_norm(x.detach(), (n,), w.detach(), b.detach()), work=2 * nb,
+                       peers={"compile": lambda: compiled(x.detach(), w.detach(), b.detach())})
         report(f"ln fwd+bwd {m}x{n}",
                lambda: torch.autograd.grad(tw.layer_norm(x, (n,), w, b), [x, w, b], dy),
-               work=5 * nb, profile=False,
+               work=5 * nb,
                peers={"torch": lambda: torch.autograd.grad(F.layer_norm(x, (n,), w, b), [x, w, b], dy),
                       "compile": lambda: torch.autograd.grad(compiled(x, w, b), [x, w, b], dy)})
 

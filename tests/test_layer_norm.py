@@ -1,7 +1,8 @@
 """layer_norm against F.layer_norm computed in float64: values and gradients, every kernel path.
 
-Rows past 16384 columns are normally streamed in chunks; the ``path`` fixture lowers the module's
-threshold so that short rows exercise the chunked kernels in the interpreter in milliseconds.
+The forward streams rows past 4096 columns in chunks, the backward past 8192 (dx past 16384); the
+``path`` fixture lowers the module's thresholds so that short rows exercise the chunked kernels
+in the interpreter in milliseconds.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ def path(request, monkeypatch):
         monkeypatch.setattr(layer_norm_ops, "CHUNK_COLS", 64)
     if request.param == "chunked":
         monkeypatch.setattr(layer_norm_ops, "SINGLE_BLOCK_MAX_COLS", 2)
+        monkeypatch.setattr(layer_norm_ops, "FORWARD_CHUNK_COLS", 64)
         monkeypatch.setattr(layer_norm_ops, "BACKWARD_DX_SINGLE_BLOCK_MAX_COLS", 2)
     return request.param
 

@@ -12,8 +12,8 @@ registers, which costs no extra memory traffic and avoids the cancellation of
 the backward reuses instead of recomputing. Short rows are packed several to a program, as in
 softmax. Rows longer than :data:`SINGLE_BLOCK_MAX_COLS` are streamed in chunks: the first pass
 takes exact mean and sum of squared deviations of each chunk and merges them (Chan et al.'s
-parallel variance update, as stable as the two-pass formula), the second normalises. Two reads,
-one write.
+parallel variance update, as stable as the two-pass formula), the second normalises. Two reads
+(the second mostly from L2: the row was just read), one write.
 
 **Backward.** With ``xhat = (x - mean) * rstd`` and ``g = dy * weight``:
 
@@ -53,8 +53,14 @@ from ..runtime import acc_dtype, chunk_tile, num_warps_for, register_op, row_til
 from .softmax import SUPPORTED_DTYPES
 
 #: Longest row the forward keeps whole in registers; longer rows are streamed in
-#: :data:`CHUNK_COLS` chunks. Read at every launch, so a test can lower it.
-SINGLE_BLOCK_MAX_COLS = 16384
+#: :data:`FORWARD_CHUNK_COLS` chunks. Read at every launch, so a test can lower it. Measured on
+#: an H100 (fp16, diagnose.py ln_long), the chunked kernel with 8192-column chunks is the faster
+#: from 8192 columns on, although it reads each row twice (the second time from L2): 4096 x 16384
+#: in 97 µs against 116 (torch.compile 95), 4096 x 12288 78 against 103, 8192 x 8192 92 against
+#: 101. A whole row of 8192-16384 values in registers leaves one program an SM.
+SINGLE_BLOCK_MAX_COLS = 4096
+#: The forward's chunk (a power of two): one chunk holds a whole row of up to 8192 columns.
+FORWARD_CHUNK_COLS = 8192
 #: The same for the backward, lower: its program also keeps the running dweight/dbias sums and
 #: the weight row in registers. Measured on an H100 (fp16, 32M elements): at 8192 columns the
 #: fused kernel moves 1860 GB/s against 1420 for the chunked pair, at 12288-16384 it spills and
@@ -66,7 +72,7 @@ BACKWARD_SINGLE_BLOCK_MAX_COLS = 8192
 #: each row. Compiled for sm_90 (Triton 3.9), fp16 rows of 16384 with 32 warps: 64 registers,
 #: no spills. On an H100, fp16 4096 x 16384: dx in 140 µs against 186 for the two passes.
 BACKWARD_DX_SINGLE_BLOCK_MAX_COLS = 16384
-#: Elements per loop step on the chunked paths (a power of two).
+#: Elements per loop step on the backward's chunked paths (a power of two).
 CHUNK_COLS = 4096
 #: Elements a single-block program aims to own (short rows are packed several to a program).
 TILE_ELEMS = 4096
@@ -388,7 +394,7 @@ def layer_norm_forward(
 
 
 def _forward_knobs() -> tuple:
-    return SINGLE_BLOCK_MAX_COLS, CHUNK_COLS, TILE_ELEMS, MAX_ROWS_PER_PROGRAM
+    return SINGLE_BLOCK_MAX_COLS, FORWARD_CHUNK_COLS, TILE_ELEMS, MAX_ROWS_PER_PROGRAM
 
 
 @functools.lru_cache(maxsize=1024)
