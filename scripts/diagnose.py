@@ -159,15 +159,21 @@ def section_softmax_long():
                        if limit == 16384 else None)
 
 
+def layer_norm_case(m: int, n: int):
+    """fp16 ``x`` (m, n), weight and bias (all requiring grad), a gradient ``dy``, and the
+    forward's saved ``mean`` and ``rstd``."""
+    x = torch.randn(m, n, device=DEV, dtype=torch.float16, requires_grad=True)
+    w = torch.randn(n, device=DEV, dtype=torch.float16, requires_grad=True)
+    b = torch.randn(n, device=DEV, dtype=torch.float16, requires_grad=True)
+    _, mean, rstd = ln_ops.layer_norm_forward(x.detach(), w.detach(), b.detach(), 1, 1e-5)
+    return x, w, b, torch.randn_like(x), mean, rstd
+
+
 def section_layer_norm():
     print("== layer_norm (fp16, weight and bias): forward, backward variants, fwd+bwd")
     for m, n in ROW_SIZES[:3] + [(4096, 16384)]:
-        x = torch.randn(m, n, device=DEV, dtype=torch.float16, requires_grad=True)
-        w = torch.randn(n, device=DEV, dtype=torch.float16, requires_grad=True)
-        b = torch.randn(n, device=DEV, dtype=torch.float16, requires_grad=True)
-        dy = torch.randn_like(x)
+        x, w, b, dy, mean, rstd = layer_norm_case(m, n)
         nb = m * n * 2
-        _, mean, rstd = ln_ops.layer_norm_forward(x.detach(), w.detach(), b.detach(), 1, 1e-5)
         report(f"ln fwd {m}x{n}", lambda: ln_ops.layer_norm_forward(x.detach(), w, b, 1, 1e-5),
                work=2 * nb, profile=False,
                peers={"torch": lambda: F.layer_norm(x.detach(), (n,), w.detach(), b.detach())})
@@ -199,12 +205,8 @@ def section_ln_long():
     eager and torch.compile."""
     print("== ln_long: layer_norm fp16 backward, rows of 12288 and 16384 (8192: the fused kernel)")
     for m, n in ((4096, 16384), (4096, 12288), (8192, 8192)):
-        x = torch.randn(m, n, device=DEV, dtype=torch.float16, requires_grad=True)
-        w = torch.randn(n, device=DEV, dtype=torch.float16, requires_grad=True)
-        b = torch.randn(n, device=DEV, dtype=torch.float16, requires_grad=True)
-        dy = torch.randn_like(x)
+        x, w, b, dy, mean, rstd = layer_norm_case(m, n)
         nb = m * n * 2
-        _, mean, rstd = ln_ops.layer_norm_forward(x.detach(), w.detach(), b.detach(), 1, 1e-5)
         for name, vals in {"dx one pass": {}, "dx two passes": {"BACKWARD_DX_SINGLE_BLOCK_MAX_COLS": 8192},
                            "dwdb 1 stage": {"DWDB_STAGES": 1}, "dwdb 2 stages": {"DWDB_STAGES": 2},
                            "dwdb 4 stages": {"DWDB_STAGES": 4}}.items():
@@ -318,6 +320,34 @@ def section_filter2d():
                        work=nb, profile=False)
 
 
+def best_host_us(fn, rounds: int = 5, calls: int = 300) -> float:
+    """Host µs per call of ``fn``: the best of ``rounds`` rounds of ``calls`` calls, each round
+    started on an idle GPU."""
+    best = float("inf")
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+    return best
+
+
+def through_autograd(backward):
+    """An autograd.Function that passes its input through and runs ``backward(grad)``:
+    autograd's own cost, plus whatever ``backward`` does on autograd's device thread."""
+
+    class Passthrough(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            return t.view_as(t)
+
+        @staticmethod
+        def backward(ctx, g):
+            return backward(g)
+
+    return Passthrough
+
 def section_overhead():
     """CPU cost of one eager call, step by step, on shapes so small that the GPU never limits:
     what the host charges for an allocation, a launch, autograd, and each op end to end."""
@@ -329,20 +359,6 @@ def section_overhead():
     dy = torch.randn_like(xd)
     y = tw.softmax(xd)
 
-    def through_autograd(backward):
-        """An autograd.Function that passes its input through and runs ``backward(grad)``:
-        autograd's own cost, plus whatever ``backward`` does on autograd's device thread."""
-
-        class Passthrough(torch.autograd.Function):
-            @staticmethod
-            def forward(ctx, t):
-                return t.view_as(t)
-
-            @staticmethod
-            def backward(ctx, g):
-                return backward(g)
-
-        return Passthrough
 
     Null = through_autograd(lambda g: g)
     AllocInBackward = through_autograd(torch.empty_like)
@@ -383,14 +399,7 @@ def section_overhead():
     for name, fn in cases.items():
         for _ in range(50):
             fn()
-        best = float("inf")
-        for _ in range(5):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(300):
-                fn()
-            best = min(best, (time.perf_counter() - t0) / 300 * 1e6)
-        print(f"   {best:8.1f} µs  {name}")
+        print(f"   {best_host_us(fn):8.1f} µs  {name}")
 
 
 def section_cpu():
@@ -462,25 +471,9 @@ def section_waits():
     dy = torch.randn_like(xd)
     y = tw.softmax(xd)
 
-    class Passthrough(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, t):
-            return t.view_as(t)
-
-        @staticmethod
-        def backward(ctx, g):
-            return g
-
-    class AllocInBackward(Passthrough):
-        @staticmethod
-        def backward(ctx, g):
-            return torch.empty_like(g)
-
-    class LaunchInBackward(Passthrough):
-        @staticmethod
-        def backward(ctx, g):
-            return sm_ops.softmax_backward(g, y, 1)
-
+    Passthrough = through_autograd(lambda g: g)
+    AllocInBackward = through_autograd(torch.empty_like)
+    LaunchInBackward = through_autograd(lambda g: sm_ops.softmax_backward(g, y, 1))
     compiled = torch.compile(lambda t: torch.softmax(t, -1))
     compiled_ln = torch.compile(lambda t, w_, b_: F.layer_norm(t, (n,), w_, b_))
     cases = {
@@ -573,21 +566,17 @@ def section_thread():
     reps = 50
     probe = {"step": None, "t": 0.0, "enter": 0.0, "leave": 0.0}
 
-    class RunInBackward(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, t):
-            return t.view_as(t)
+    def time_steps(g):
+        probe["enter"] = time.perf_counter()
+        step = probe["step"]
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            step()
+        probe["t"] = (time.perf_counter() - t0) / reps * 1e6
+        probe["leave"] = time.perf_counter()
+        return g
 
-        @staticmethod
-        def backward(ctx, g):
-            probe["enter"] = time.perf_counter()
-            step = probe["step"]
-            t0 = time.perf_counter()
-            for _ in range(reps):
-                step()
-            probe["t"] = (time.perf_counter() - t0) / reps * 1e6
-            probe["leave"] = time.perf_counter()
-            return g
+    RunInBackward = through_autograd(time_steps)
 
     leaf = torch.randn(4, device=DEV, requires_grad=True)
     g4 = torch.ones(4, device=DEV)
@@ -687,14 +676,7 @@ def section_launch():
         except Exception as exc:  # noqa: BLE001 - a diagnostic: say what failed and go on
             print(f"   failed: {name}: {type(exc).__name__}: {exc}")
             continue
-        best = float("inf")
-        for _ in range(5):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(300):
-                fn()
-            best = min(best, (time.perf_counter() - t0) / 300 * 1e6)
-        print(f"   {best:8.1f} µs  {name}", flush=True)
+        print(f"   {best_host_us(fn):8.1f} µs  {name}", flush=True)
     torch.cuda.synchronize()
     prof = cProfile.Profile()
     n = 2000

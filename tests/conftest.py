@@ -1,5 +1,6 @@
 """Shared test settings: tests that take several GiB of GPU memory (``@pytest.mark.big_memory``,
-the ones past 2**31 elements) run one at a time and give their memory back."""
+the ones past 2**31 elements) run one at a time and give their memory back. Also the NaN poison
+that the matmul-based tests plant where a kernel may read but must never let reach a result."""
 
 from __future__ import annotations
 
@@ -23,3 +24,38 @@ def _release_big_gpu_memory(request):
     if request.node.get_closest_marker("big_memory") is not None and torch.cuda.is_available():
         gc.collect()
         torch.cuda.empty_cache()  # the caching allocator would keep the GiBs for this worker
+
+
+NAN = float("nan")
+
+
+@pytest.fixture
+def poisoned_new_empty(monkeypatch):
+    """Every ``new_empty`` (a launcher's outputs, padded copies, scratch) starts as NaN, so an
+    element never written shows up."""
+    new_empty = torch.Tensor.new_empty
+
+    def poisoned(self, *args, **kwargs):
+        out = new_empty(self, *args, **kwargs)
+        return out.fill_(NAN) if out.is_floating_point() else out
+
+    monkeypatch.setattr(torch.Tensor, "new_empty", poisoned)
+
+
+def _in_nan_storage(values: torch.Tensor, transpose: bool = False) -> torch.Tensor:
+    """``values`` as a view into NaN-filled storage whose rows are padded to 16 elements, with
+    2 more NaN rows below: aligned as Triton sees it, so it is read in place, padding and all.
+    ``transpose`` stores ``values.T`` that way and returns its transpose (the other dim
+    contiguous)."""
+    stored = values.t() if transpose else values
+    rows, cols = stored.shape
+    buf = torch.full((rows + 2, -(-cols // 16) * 16), NAN, dtype=values.dtype, device=values.device)
+    buf[:rows, :cols] = stored
+    view = buf[:rows, :cols]
+    return view.t() if transpose else view
+
+
+@pytest.fixture
+def in_nan_storage():
+    """:func:`_in_nan_storage`, for tests of kernels that read past the edges they are given."""
+    return _in_nan_storage

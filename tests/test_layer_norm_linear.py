@@ -186,36 +186,12 @@ def test_tf32_path_normalises_first(monkeypatch):
 # must never let reach a stored result (past K, in the padding of x's and W''s rows, past M);
 # every new_empty (the output, W', mean, rstd, the sums, aligned copies) starts as NaN too.
 # ---------------------------------------------------------------------------------------------
-NAN = float("nan")
-
-
-@pytest.fixture
-def poisoned_new_empty(monkeypatch):
-    new_empty = torch.Tensor.new_empty
-
-    def poisoned(self, *args, **kwargs):
-        out = new_empty(self, *args, **kwargs)
-        return out.fill_(NAN) if out.is_floating_point() else out
-
-    monkeypatch.setattr(torch.Tensor, "new_empty", poisoned)
-
-
-def in_nan_storage(values: torch.Tensor, transpose: bool = False) -> torch.Tensor:
-    """``values`` as a view into NaN storage whose rows are padded to 16 elements, with 2 NaN rows
-    below: aligned as Triton sees it, so read in place. ``transpose`` stores ``values.T`` so."""
-    stored = values.t() if transpose else values
-    rows, cols = stored.shape
-    buf = torch.full((rows + 2, -(-cols // 16) * 16), NAN, dtype=values.dtype, device=values.device)
-    buf[:rows, :cols] = stored
-    return buf[:rows, :cols].t() if transpose else buf[:rows, :cols]
-
-
 @pytest.mark.parametrize("ln_weight", [True, False], ids=["folded_w", "w_in_place"])
 @pytest.mark.parametrize("x_layout", ["rowmajor", "m_contig", "copied_aligned"])
 @pytest.mark.parametrize("K", [5, 64, 77], ids=lambda k: f"K{k}")  # BLOCK_K 64 in the interpreter
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 def test_ragged_edges_never_reach_results(dtype, K, x_layout, ln_weight, monkeypatch,
-                                          poisoned_new_empty):  # fmt: skip
+                                          poisoned_new_empty, in_nan_storage):  # fmt: skip
     # M and N neither multiples of the 128-wide tile nor of 16 bytes: both edge tiles wrap. The
     # mean (3) makes the epilogue's cancellation matter. "copied_aligned" is the GPU path: a
     # ragged x is copied into padded rows first (and read in place at K = 64).

@@ -488,38 +488,10 @@ def test_misaligned_operands_gradients(monkeypatch):
 # let reach a stored result (past K, in the padding, past M or N); outputs start as NaN too, so
 # an element never written shows up.
 # ---------------------------------------------------------------------------------------------
-NAN = float("nan")
-
-
-@pytest.fixture
-def poisoned_new_empty(monkeypatch):
-    """Every ``new_empty`` (the launcher's output, _aligned's padded copy) starts as NaN."""
-    new_empty = torch.Tensor.new_empty
-
-    def poisoned(self, *args, **kwargs):
-        out = new_empty(self, *args, **kwargs)
-        return out.fill_(NAN) if out.is_floating_point() else out
-
-    monkeypatch.setattr(torch.Tensor, "new_empty", poisoned)
-
-
-def in_nan_storage(values: torch.Tensor, transpose: bool = False) -> torch.Tensor:
-    """``values`` as a view into NaN-filled storage whose rows are padded to 16 elements, with
-    2 more NaN rows below: aligned as Triton sees it, so it is read in place, padding and all.
-    ``transpose`` stores ``values.T`` that way and returns its transpose (the other dim
-    contiguous)."""
-    stored = values.t() if transpose else values
-    rows, cols = stored.shape
-    buf = torch.full((rows + 2, -(-cols // 16) * 16), NAN, dtype=values.dtype, device=values.device)
-    buf[:rows, :cols] = stored
-    view = buf[:rows, :cols]
-    return view.t() if transpose else view
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 @pytest.mark.parametrize("K", [5, 64, 77, 200], ids=lambda k: f"K{k}")  # BLOCK_K 64 in the interpreter
 @pytest.mark.parametrize("layout", ["rowmajor", "a_m_contig", "b_k_contig"])
-def test_ragged_edges_never_reach_results(layout, K, dtype, poisoned_new_empty):
+def test_ragged_edges_never_reach_results(layout, K, dtype, poisoned_new_empty, in_nan_storage):
     # M and N neither multiples of 16 bytes nor of the 128-wide tile: both edge tiles wrap.
     M, N = 133, 21
     a_vals, b_vals = rand(M, K, dtype=dtype, seed=61), rand(K, N, dtype=dtype, seed=62)
