@@ -767,11 +767,159 @@ def section_lnl():
               f"(range {min(ms) * 1e3:.0f}-{max(ms) * 1e3:.0f})")
 
 
+def interleaved(cases: dict, rounds: int = 5) -> dict:
+    """Median ms per case, the cases timed in turn over ``rounds`` rounds (the machine's timings
+    drift by ~10% between minutes: a case timed alone a minute later is not comparable)."""
+    times = defaultdict(list)
+    for _ in range(rounds):
+        for label, fn in cases.items():
+            times[label].append(gpu_ms(fn))
+    return {label: statistics.median(ms) for label, ms in times.items()}
+
+
+def section_tma():
+    """matmul_tma_kernel (persistent, TMA) against matmul_kernel and cuBLAS, config by config:
+    fp16 LN+Linear's GEMM (8192x4096x4096, B K-major, LN epilogue) and 8192^3 (B N-major)."""
+    print("== tma: persistent TMA matmul configs, fp16")
+    launch_tma = runtime.launch_directly(mm_ops._launch_matmul_tma)
+    launch_matmul = runtime.launch_directly(mm_ops._launch_matmul)
+    candidates = {
+        "256x64 s3 w8 flat": dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_stages=3, num_warps=8),
+        "256x64 s3 w8": dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_stages=3, num_warps=8,
+                             FLATTEN=False),
+        "256x64 s3 w8 flat g16": dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_stages=3,
+                                      num_warps=8, GROUP_M=16),
+        "128x64 s4 w8 flat": dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=4, num_warps=8),
+        "128x64 s4 w4 flat": dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=4, num_warps=4),
+        "128x128 s3 w8 flat": dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, num_stages=3,
+                                   num_warps=8),
+        "256x64 s3 w8 ws": dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_stages=3, num_warps=8,
+                                WARP_SPECIALIZE=True),
+        "128x64 s4 w4 ws": dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=4, num_warps=4,
+                                WARP_SPECIALIZE=True),
+        "256x64 s4 w8 ws": dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_stages=4, num_warps=8,
+                                WARP_SPECIALIZE=True),
+    }
+    for title, (M, N, K), k_major in (("LN GEMM 8192x4096x4096", (8192, 4096, 4096), True),
+                                       ("8192^3", (8192, 8192, 8192), False),
+                                       ("4096^3", (4096, 4096, 4096), False)):
+        flops = 2 * M * N * K
+        x = torch.randn(M, K, device=DEV, dtype=torch.float16)
+        w = torch.randn(N, K, device=DEV, dtype=torch.float16) / 64
+        b = w.t() if k_major else w.t().contiguous()
+        out = torch.empty(M, N, device=DEV, dtype=torch.float16)
+        ln = None
+        if k_major:
+            ln = (torch.randn(M, device=DEV), torch.rand(M, device=DEV) + 0.5,
+                  torch.randn(2 * N, device=DEV))
+        bias = ln[2][N:] if ln else None
+        ref = launch_matmul(x, b, torch.empty_like(out), bias=bias, ln_epilogue=ln)
+        cases = {"cuBLAS": lambda: torch.mm(x, b),
+                 "matmul_kernel": lambda: launch_matmul(x, b, out, bias=bias, ln_epilogue=ln)}
+        for label, cfg in candidates.items():
+            config = dict(mm_ops.TMA_CONFIG, **cfg)
+            try:
+                launch_tma(x, b, out, bias=bias, ln_epilogue=ln, config=config)
+                torch.cuda.synchronize()
+            except Exception as exc:  # noqa: BLE001 - a config that does not compile: say so
+                print(f"   {title} {label}: failed: {type(exc).__name__}: {str(exc)[:200]}")
+                continue
+            err = ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+            print(f"   {title} {label}: max error {err:.2e} relative to max |ref|")
+            cases[label] = (lambda config=config: launch_tma(x, b, out, bias=bias, ln_epilogue=ln,
+                                                             config=config))
+        cpu = cpu_us(cases.get("256x64 s3 w8 flat", cases["matmul_kernel"]))
+        for label, ms in interleaved(cases).items():
+            print(f"   {title} {label:>22}: {ms * 1e3:7.1f} µs {flops / ms / 1e9:6.1f} TFLOP/s "
+                  f"({ms / 1:.3f} ms)")
+        print(f"   {title}: {cpu:.0f} µs CPU to enqueue one TMA call")
+
+
+def section_conv_graph():
+    """conv2d fp16 32x64x56x56 through a CUDA graph (GPU time alone, no host in it) against
+    do_bench's eager timing, for ours and cuDNN: how much of the gap is the host."""
+    from triton.testing import do_bench_cudagraph
+
+    print("== conv_graph: conv2d eager vs CUDA-graph timing")
+    x = torch.randn(32, 64, 56, 56, device=DEV, dtype=torch.float16)
+    w = torch.randn(64, 64, 3, 3, device=DEV, dtype=torch.float16) / 24
+    flops = 2 * 32 * 64 * 56 * 56 * 64 * 9
+    for label, fmt in (("NCHW", torch.contiguous_format), ("channels_last", torch.channels_last)):
+        xx, ww = x.contiguous(memory_format=fmt), w.contiguous(memory_format=fmt)
+        for name, fn in (("ours", lambda: tw.conv2d(xx, ww, padding=1)),
+                         ("cuDNN", lambda: F.conv2d(xx, ww, padding=1))):
+            eager = gpu_ms(fn)
+            graph = do_bench_cudagraph(fn, rep=100, return_mode="median")
+            print(f"   {label} {name:>5}: eager {eager * 1e3:6.1f} µs, graph {graph * 1e3:6.1f} µs "
+                  f"({flops / graph / 1e9:.0f} TFLOP/s), {cpu_us(fn):.0f} µs CPU a call")
+    best_configs(conv_ops.conv2d_implicit_gemm_kernel)
+
+
+def section_tma_ops():
+    """The public ops with Hopper's TMA matmul on (auto) and off, against their peers, timed in
+    turn: matmul fp16/bf16 4096^3, 8192^3, ragged 5012x2100x7777; layer_norm_linear fp16/bf16
+    8192x4096x4096 (against torch.compile of the unfused pair) and its pieces."""
+    print("== tma_ops: public ops, TMA matmul on and off")
+
+    def tma(flag, fn):
+        def run():
+            before, mm_ops.TMA_MATMUL = mm_ops.TMA_MATMUL, flag
+            try:
+                return fn()
+            finally:
+                mm_ops.TMA_MATMUL = before
+        return run
+
+    for dtype in (torch.float16, torch.bfloat16):
+        for m, n, k in ((4096, 4096, 4096), (8192, 8192, 8192), (5012, 2100, 7777)):
+            a = torch.randn(m, k, device=DEV, dtype=dtype)
+            b = torch.randn(k, n, device=DEV, dtype=dtype)
+            cases = {"cuBLAS": lambda: a @ b, "ours TMA": tma(None, lambda: tw.matmul(a, b)),
+                     "ours matmul_kernel": tma(False, lambda: tw.matmul(a, b))}
+            flops = 2 * m * n * k
+            for label, ms in interleaved(cases).items():
+                print(f"   matmul {dtype} {m}x{n}x{k} {label:>20}: {ms * 1e3:8.1f} µs "
+                      f"{flops / ms / 1e9:6.1f} TFLOP/s")
+        M, N, K = 8192, 4096, 4096
+        flops = 2 * M * N * K
+        x = torch.randn(M, K, device=DEV, dtype=dtype)
+        lw = 1 + 0.1 * torch.randn(K, device=DEV, dtype=dtype)
+        lb = 0.1 * torch.randn(K, device=DEV, dtype=dtype)
+        w = torch.randn(N, K, device=DEV, dtype=dtype) / 64
+        bias = torch.randn(N, device=DEV, dtype=dtype)
+
+        def unfused(x, lw, lb, w, bias):
+            return F.linear(F.layer_norm(x, (K,), lw, lb), w, bias)
+
+        compiled = torch.compile(unfused)
+        ref = unfused(x.double(), lw.double(), lb.double(), w.double(), bias.double())
+        got = tw.layer_norm_linear(x, lw, lb, w, bias)
+        err = ((got.double() - ref).norm() / ref.norm()).item()
+        mean = torch.empty(M, device=DEV)
+        rstd = torch.empty(M, device=DEV)
+        row_stats = runtime.launch_directly(lnl_ops._row_stats)
+        fold_weights = runtime.launch_directly(lnl_ops._fold_weights)
+        cases = {"torch.compile": lambda: compiled(x, lw, lb, w, bias),
+                 "eager": lambda: unfused(x, lw, lb, w, bias),
+                 "cuBLAS F.linear": lambda: F.linear(x, w, bias),
+                 "ours TMA": tma(None, lambda: tw.layer_norm_linear(x, lw, lb, w, bias)),
+                 "ours matmul_kernel": tma(False, lambda: tw.layer_norm_linear(x, lw, lb, w, bias)),
+                 "row_stats": lambda: row_stats(x, mean, rstd, 1e-5),
+                 "fold_weights": lambda: fold_weights(w, lw, lb, bias)}
+        for fn in cases.values():
+            fn()
+        for label, ms in interleaved(cases).items():
+            print(f"   layer_norm_linear {dtype} {M}x{N}x{K} {label:>20}: {ms * 1e3:8.1f} µs "
+                  f"{flops / ms / 1e9:6.1f} TFLOP/s")
+        print(f"   layer_norm_linear {dtype}: relative error {err:.2e} against float64")
+
+
 SECTIONS = {"softmax": section_softmax, "softmax_long": section_softmax_long,
             "layer_norm": section_layer_norm, "conv": section_conv, "filter2d": section_filter2d,
             "matmul": section_matmul, "attention": section_attention,
             "cpu": section_cpu, "overhead": section_overhead, "waits": section_waits, "thread": section_thread, "launch": section_launch,
-            "lnl": section_lnl, "ln_long": section_ln_long}
+            "lnl": section_lnl, "ln_long": section_ln_long, "tma": section_tma, "tma_ops": section_tma_ops,
+            "conv_graph": section_conv_graph}
 
 
 def main(argv=None) -> int:

@@ -207,6 +207,23 @@ def test_ragged_edges_never_reach_results(dtype, K, x_layout, ln_weight, monkeyp
     assert_close(out, reference(x_vals, g, b, w_vals, bias), TOL[dtype])
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("K", [48, 77], ids=lambda k: f"K{k}")
+def test_through_the_tma_kernel(dtype, K, monkeypatch, poisoned_new_empty, in_nan_storage):
+    """The LayerNorm epilogue through matmul_tma_kernel (Hopper's path), forced on here: ragged
+    M, N against 32x32 tiles, K ragged (77: x copied into padded rows) or not, a large mean,
+    NaN wherever a read past an edge would show."""
+    monkeypatch.setattr(matmul_module, "TMA_MATMUL", True)
+    monkeypatch.setattr(matmul_module, "ALIGN_OPERANDS", True)
+    monkeypatch.setattr(matmul_module, "TMA_CONFIG",
+                        dict(matmul_module.TMA_CONFIG, BLOCK_M=32, BLOCK_N=32, BLOCK_K=16))
+    launched = spy_launches(monkeypatch)
+    x_vals, g, b, w, bias = make_inputs((75,), K, 40, dtype, shift=3.0)
+    x = in_nan_storage(x_vals) if K % 16 == 0 else x_vals
+    check(x, g, b, w, bias)
+    assert "matmul_tma_kernel" in launched
+
+
 # ---------------------------------------------------------------------------------------------
 # The folding kernel: W' = W * ln_weight, c1 = sum_k W', c2 = W @ ln_bias + bias, in one launch.
 # ---------------------------------------------------------------------------------------------

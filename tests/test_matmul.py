@@ -707,3 +707,95 @@ def test_ragged_main_loop_compiles_to_16_byte_async_copies(tmp_path):
     done = subprocess.run([sys.executable, "-c", _SM90_SCRIPT], env=env, capture_output=True,
                           text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0 and done.stdout.rstrip().endswith("ok"), done.stdout + done.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# The persistent TMA kernel (Hopper's path for large 2-D fp16/bf16 products), forced on here so
+# that the interpreter runs it too.
+# ---------------------------------------------------------------------------------------------
+@pytest.fixture
+def tma_forced(monkeypatch):
+    """Every eligible product through matmul_tma_kernel (small tiles: more programs than SMs,
+    so each program walks several tiles); yields the list its launches are recorded in."""
+    monkeypatch.setattr(matmul_module, "TMA_MATMUL", True)
+    monkeypatch.setattr(matmul_module, "TMA_CONFIG",
+                        dict(matmul_module.TMA_CONFIG, BLOCK_M=32, BLOCK_N=32, BLOCK_K=16))
+    launches = []
+    launch = matmul_module._launch_matmul_tma
+
+    def recorded(a, b, out, **kwargs):
+        launches.append((tuple(a.stride()), tuple(b.stride()), tuple(out.stride())))
+        return launch(a, b, out, **kwargs)
+
+    monkeypatch.setattr(matmul_module, "_launch_matmul_tma", recorded)
+    return launches
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("a_k_major", [True, False], ids=["a_row_major", "a_col_major"])
+@pytest.mark.parametrize("b_k_major", [True, False], ids=["b_k_major", "b_row_major"])
+def test_tma_kernel_layouts_and_ragged_edges(dtype, a_k_major, b_k_major, tma_forced,
+                                             poisoned_new_empty, in_nan_storage):
+    # M, N, K all ragged against the 32x32x16 tiles; operands in NaN-padded storage, so a tile
+    # that reads past an edge instead of taking the TMA's zero fill turns its outputs into NaN.
+    M, K, N = 75, 56, 40
+    a = in_nan_storage(rand(M, K, dtype=dtype, seed=70), transpose=not a_k_major)
+    b = in_nan_storage(rand(K, N, dtype=dtype, seed=71), transpose=b_k_major)
+    bias = rand(N, dtype=dtype, seed=72)
+    out = matmul(a, b, bias=bias, activation="leaky_relu", leaky_relu_slope=0.2)
+    assert_close(out, reference(a, b, bias, "leaky_relu", 0.2), dtype)
+    assert len(tma_forced) == 1
+    assert (tma_forced[0][0][1] == 1) == a_k_major and (tma_forced[0][1][0] == 1) == b_k_major
+
+
+@pytest.mark.parametrize("activation", [None, "relu", "gelu"])
+def test_tma_kernel_epilogues_and_unaligned_output_rows(activation, tma_forced):
+    # N = 36: output rows of 72 bytes, not a multiple of 16, so the tile is stored through
+    # masked pointers instead of a TMA store. (B = w.t(), K-major, is what a descriptor can read.)
+    a, b = rand(64, 48, dtype=torch.float16, seed=73), rand(36, 48, dtype=torch.float16, seed=74).t()
+    bias = rand(36, dtype=torch.float32, seed=75)
+    assert_close(matmul(a, b, bias=bias, activation=activation),
+                 reference(a, b, bias, activation), torch.float16)
+    assert len(tma_forced) == 1
+
+
+def test_tma_kernel_not_taken_where_it_does_not_apply(tma_forced):
+    # Batched, fp32, and operands a descriptor cannot describe (no unit stride) keep
+    # matmul_kernel.
+    a16, b16 = rand(2, 40, 48, dtype=torch.float16, seed=76), rand(48, 24, dtype=torch.float16, seed=77)
+    assert_close(matmul(a16, b16), reference(a16, b16), torch.float16)
+    a, b = rand(40, 48, seed=78), rand(48, 24, seed=79)
+    assert_close(matmul(a, b), reference(a, b), torch.float32)
+    strided = rand(48, 48, dtype=torch.float16, seed=80)[:, ::2]
+    assert_close(matmul(a16[0], strided), reference(a16[0], strided), torch.float16)
+    assert tma_forced == []
+
+
+def test_tma_kernel_gradients(tma_forced):
+    # Backward runs dA = dZ @ Bᵀ and dB = Aᵀ @ dZ through the same path, on transposed views.
+    a = rand(48, 64, dtype=torch.float16, seed=81).requires_grad_()
+    b = rand(64, 40, dtype=torch.float16, seed=82).requires_grad_()
+    grad = rand(48, 40, dtype=torch.float16, seed=83)
+    matmul(a, b, activation="gelu").backward(grad)
+    a64, b64 = a.detach().double().requires_grad_(), b.detach().double().requires_grad_()
+    F.gelu(a64 @ b64, approximate="tanh").backward(grad.double())
+    assert_close(a.grad, a64.grad, torch.float16)
+    assert_close(b.grad, b64.grad, torch.float16)
+    assert len(tma_forced) >= 3  # forward, the recomputed Z, dA, dB
+
+
+def test_tma_picked_only_for_large_products_on_hopper(monkeypatch):
+    # Auto mode: never in the interpreter or off Hopper; on Hopper only with a wave of tiles.
+    monkeypatch.setattr(matmul_module, "TMA_MATMUL", None)
+    a, b = rand(64, 512, dtype=torch.float16), rand(512, 64, dtype=torch.float16)
+    out = a.new_empty(64, 64)
+    if runtime.INTERPRET or not torch.cuda.is_available():
+        assert not matmul_module._use_tma(a, b, out, "ieee")
+        return
+    monkeypatch.setattr(matmul_module, "_is_hopper", lambda index: True)
+    assert not matmul_module._use_tma(a, b, out, "ieee")  # 1 tile: matmul_kernel's small tiles
+    big_a = a.new_empty(4096, 512)
+    big_b = a.new_empty(512, 4096)
+    assert matmul_module._use_tma(big_a, big_b, a.new_empty(4096, 4096), "ieee")
+    monkeypatch.setattr(matmul_module, "_is_hopper", lambda index: False)
+    assert not matmul_module._use_tma(big_a, big_b, a.new_empty(4096, 4096), "ieee")

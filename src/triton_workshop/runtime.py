@@ -288,11 +288,17 @@ from torch._library.triton import is_wrap_triton_enabled  # noqa: E402
 _direct = threading.local()
 
 
+def launching_directly() -> bool:
+    """Whether a launcher running now launches its kernels as they are (eager), rather than
+    being traced by torch.compile (then only what Inductor can trace may be launched)."""
+    return getattr(_direct, "on", False) or not is_wrap_triton_enabled()
+
+
 def wrap_triton(kernel):
     """A kernel launch that ``torch.compile`` can trace. For direct eager calls, and where torch
     has switched tracing off, it is the kernel itself (through :class:`FastLaunch` on a GPU):
     the traceable wrapper's dispatch costs more than a small kernel runs."""
-    if getattr(_direct, "on", False) or not is_wrap_triton_enabled():
+    if launching_directly():
         return _fast_launcher(kernel) if FAST_LAUNCH else kernel
     return torch.library.wrap_triton(kernel)
 
@@ -371,7 +377,7 @@ class FastLaunch:
             # value (so a positional True and 1 are different keys). Keyword arguments (the
             # constexprs) are keyed by value, as Triton's own cache keys them.
             args_key = tuple([a if type(a) is int else (
-                (a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else (type(a), a))
+                (a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else _other_key(a))
                 for a in args])
             key = (grid_key, device, args_key, tuple(kwargs.items()))
             entry = self.cache.get(key)
@@ -427,6 +433,17 @@ class FastLaunch:
 
         warnings.warn(f"triton-workshop: fast kernel launches disabled ({type(exc).__name__}: {exc}); "
                       "launching through Triton", RuntimeWarning, stacklevel=3)
+
+
+def _other_key(a):
+    """A launch-key part for an argument that is neither an int nor a tensor: a TMA tensor
+    descriptor by everything Triton compiles or fills its CUtensorMap from, except the base's
+    address (its dtype and 16-byte alignment, as for a tensor); anything else by type and value."""
+    if type(a).__name__ == "TensorDescriptor":
+        base = a.base
+        return (type(a), base.dtype, base.data_ptr() % 16 == 0, tuple(a.shape), tuple(a.strides),
+                tuple(a.block_shape), a.padding)
+    return (type(a), a)
 
 
 def _run_entry(entry, args) -> None:
