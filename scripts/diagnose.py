@@ -26,6 +26,7 @@ from collections import defaultdict
 import torch
 import torch.nn.functional as F
 import triton
+import triton.language as tl
 from triton.testing import do_bench
 
 import triton_workshop as tw
@@ -36,6 +37,7 @@ from triton_workshop.ops import layer_norm as ln_ops
 from triton_workshop.ops import layer_norm_linear as lnl_ops
 from triton_workshop.ops import matmul as mm_ops
 from triton_workshop.ops import softmax as sm_ops
+from triton_workshop.ops.matmul import grouped_tile
 
 DEV = "cuda"
 
@@ -402,12 +404,28 @@ def section_overhead():
         print(f"   {best_host_us(fn):8.1f} µs  {name}")
 
 
-def section_cpu():
-    """Where the CPU time of one eager call goes (cProfile, per call), for calls whose CPU
-    enqueue time rivals their GPU time."""
+def cpu_profile(fn, n: int = 200, top: int = 14) -> None:
+    """Print where the CPU time of ``n`` calls of ``fn`` goes (cProfile, µs per call, by own
+    time)."""
     import cProfile
     import pstats
 
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(n):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    stats = pstats.Stats(prof)
+    rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:top]
+    for (file, line, func), (cc, nc, tt, ct, _) in rows:
+        where = f"{file.split('site-packages/')[-1].split('src/')[-1]}:{line}({func})"
+        print(f"      {tt / n * 1e6:7.1f} own {ct / n * 1e6:7.1f} cum  ×{nc / n:<4g} {where[:110]}")
+
+
+def section_cpu():
+    """Where the CPU time of one eager call goes (cProfile, per call), for calls whose CPU
+    enqueue time rivals their GPU time."""
     print("== CPU profile of eager calls (µs per call, by own time)")
     x = torch.randn(8192, 8192, device=DEV, dtype=torch.float16, requires_grad=True)
     w = torch.randn(8192, device=DEV, dtype=torch.float16, requires_grad=True)
@@ -438,18 +456,8 @@ def section_cpu():
             fn()
         wall = (time.perf_counter() - t0) / n * 1e6
         torch.cuda.synchronize()
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(n):
-            fn()
-        prof.disable()
-        torch.cuda.synchronize()
         print(f"{name}: {wall:.1f} µs wall per call (unprofiled, GPU may be the limit)")
-        stats = pstats.Stats(prof)
-        rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:14]
-        for (file, line, func), (cc, nc, tt, ct, _) in rows:
-            where = f"{file.split('site-packages/')[-1].split('src/')[-1]}:{line}({func})"
-            print(f"      {tt / n * 1e6:7.1f} own {ct / n * 1e6:7.1f} cum  ×{nc / n:<4g} {where[:110]}")
+        cpu_profile(fn, n)
     cached = {type(f.kernel).__name__ + ":" + getattr(getattr(f.kernel, "fn", f.kernel), "__name__", "?"):
               len(f.cache) for f in runtime._FAST_LAUNCHERS.values()}
     print(f"   fast launch: {'on' if runtime.FAST_LAUNCH else 'OFF'}; launch keys cached: {cached}")
@@ -914,12 +922,134 @@ def section_tma_ops():
         print(f"   layer_norm_linear {dtype}: relative error {err:.2e} against float64")
 
 
+@triton.jit
+def _ln_prologue_tma_kernel(a_desc, b_desc, c_desc, mean_ptr, rstd_ptr, g_ptr, beta_ptr, bias_ptr,
+                            M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                            BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr,
+                            FLATTEN: tl.constexpr):
+    """Prototype: LayerNorm as a *prologue* of the persistent TMA matmul. Each A tile of raw x is
+    normalised in registers ((x - mean)·rstd·g + beta, rounded to x's dtype) before the dot, so
+    W is read as it is (no folded copy) and the epilogue adds only the bias."""
+    start = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    for tile in tl.range(start, num_pid_m * num_pid_n, NUM_SMS, flatten=FLATTEN):
+        pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        offs_m = off_m + tl.arange(0, BLOCK_M)
+        rstd = tl.load(rstd_ptr + offs_m, mask=offs_m < M, other=0.0)
+        shift = tl.load(mean_ptr + offs_m, mask=offs_m < M, other=0.0) * rstd
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for off_k in range(0, K, BLOCK_K):
+            offs_k = off_k + tl.arange(0, BLOCK_K)
+            g = tl.load(g_ptr + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
+            beta = tl.load(beta_ptr + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
+            x = a_desc.load([off_m, off_k]).to(tl.float32)
+            xhat = x * rstd[:, None] - shift[:, None]
+            a = (xhat * g[None, :] + beta[None, :]).to(a_desc.dtype)
+            b = b_desc.load([off_n, off_k]).T
+            acc = tl.dot(a, b, acc)
+        offs_n = off_n + tl.arange(0, BLOCK_N)
+        acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+        c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
+
+
+def section_ln_prologue():
+    """layer_norm_linear fp16/bf16 8192x4096x4096: the LayerNorm as a prologue of the TMA
+    matmul (prototype above: no weight fold) against the epilogue form (fold + TMA GEMM with the
+    LN epilogue), torch.compile and cuBLAS; and the statistics and folding, apart and in one
+    launch."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    print("== ln_prologue: LayerNorm as a matmul prologue vs the epilogue form")
+    M, N, K = 8192, 4096, 4096
+    flops = 2 * M * N * K
+    sms = runtime.num_sms(torch.device(DEV))
+    row_stats = runtime.launch_directly(lnl_ops._row_stats)
+    fold_weights = runtime.launch_directly(lnl_ops._fold_weights)
+    prepare = runtime.launch_directly(lnl_ops._prepare)
+    launch_tma = runtime.launch_directly(mm_ops._launch_matmul_tma)
+    for dtype in (torch.float16, torch.bfloat16):
+        x = torch.randn(M, K, device=DEV, dtype=dtype) + 0.5
+        lw = 1 + 0.1 * torch.randn(K, device=DEV, dtype=dtype)
+        lb = 0.1 * torch.randn(K, device=DEV, dtype=dtype)
+        w = torch.randn(N, K, device=DEV, dtype=dtype) / 64
+        bias = torch.randn(N, device=DEV, dtype=dtype)
+        mean = torch.empty(M, device=DEV)
+        rstd = torch.empty(M, device=DEV)
+        out = torch.empty(M, N, device=DEV, dtype=dtype)
+        row_stats(x, mean, rstd, 1e-5)
+        w_prime, sums = fold_weights(w, lw, lb, bias)
+        ref = F.linear(F.layer_norm(x.double(), (K,), lw.double(), lb.double(), 1e-5), w.double(),
+                       bias.double())
+        compiled = torch.compile(lambda: F.linear(F.layer_norm(x, (K,), lw, lb), w, bias))
+
+        def prologue(bm=128, bn=256, bk=64, stages=3, warps=8, flatten=True):
+            grid = (min(sms, runtime.cdiv(M, bm) * runtime.cdiv(N, bn)),)
+            _ln_prologue_tma_kernel[grid](
+                TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(w, [bn, bk]),
+                TensorDescriptor.from_tensor(out, [bm, bn]), mean, rstd, lw, lb, bias, M, N, K,
+                BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, NUM_SMS=sms, FLATTEN=flatten,
+                num_stages=stages, num_warps=warps)
+            return out
+
+        cases = {"torch.compile": compiled, "cuBLAS F.linear": lambda: F.linear(x, w, bias),
+                 "ours (epilogue form)": lambda: tw.layer_norm_linear(x, lw, lb, w, bias),
+                 "epilogue GEMM alone": lambda: launch_tma(x, w_prime.t(), out, bias=sums[N:],
+                                                           ln_epilogue=(mean, rstd, sums))}
+        for label, cfg in {"prologue 128x256x64 s3 w8": {},
+                           "prologue 128x256x64 s3 w8 noflat": dict(flatten=False)}.items():
+            try:
+                got = prologue(**cfg)
+                torch.cuda.synchronize()
+            except Exception as exc:  # noqa: BLE001 - a config that does not compile: say so
+                print(f"   {dtype} {label}: failed: {type(exc).__name__}: {str(exc)[:300]}")
+                continue
+            err = ((got.double() - ref).abs().max() / ref.abs().max()).item()
+            print(f"   {dtype} {label}: max error {err:.2e} relative to max |ref|")
+            cases[label] = (lambda cfg=cfg: prologue(**cfg))
+        cases["row_stats"] = lambda: row_stats(x, mean, rstd, 1e-5)
+        cases["fold_weights"] = lambda: fold_weights(w, lw, lb, bias)
+        cases["both, one launch"] = lambda: prepare(x, mean, rstd, 1e-5, w, lw, lb, bias)
+        for chunk, elems in ((2048, 4096), (1024, 4096), (1024, 2048), (4096, 8192)):
+            def chunked(chunk=chunk, elems=elems):
+                with knobs(lnl_ops, STATS_CHUNK_COLS=chunk, STATS_TILE_ELEMS=elems):
+                    prepare(x, mean, rstd, 1e-5, w, lw, lb, bias)
+            cases[f"both, stats {elems // min(chunk, K)}x{chunk}"] = chunked
+        cases["copy of W (read+write)"] = lambda: w_prime.copy_(w)
+        cases["sum of x (read)"] = lambda: x.sum(dim=1, dtype=torch.float32)
+        for fn in cases.values():
+            fn()
+        for label, ms in interleaved(cases).items():
+            if label.startswith(("row_stats", "sum")):
+                rate = f"{M * K * x.element_size() / ms / 1e6:6.0f} GB/s"
+            elif label.startswith("both"):
+                rate = f"{(M + 2 * N) * K * x.element_size() / ms / 1e6:6.0f} GB/s"
+            elif label.startswith(("fold", "copy")):
+                rate = f"{2 * N * K * w.element_size() / ms / 1e6:6.0f} GB/s"
+            else:
+                rate = f"{flops / ms / 1e9:6.1f} TFLOP/s"
+            print(f"   {dtype} {label:>34}: {ms * 1e3:7.1f} µs {rate}")
+        from triton.testing import do_bench_cudagraph
+        for label in ("torch.compile", "ours (epilogue form)"):
+            graph = do_bench_cudagraph(cases[label], rep=200, return_mode="median")
+            print(f"   {dtype} {label}: {cpu_us(cases[label]):.0f} µs CPU to enqueue a call; "
+                  f"through a CUDA graph (no host, L2 not flushed) {graph * 1e3:.1f} µs")
+            print(f"   {dtype} {label}, kernel by kernel:")
+            for name, count, us in kernels(cases[label]):
+                print(f"      {us:7.1f} µs  ×{count:g}  {name[:90]}")
+        if dtype == torch.float16:
+            print("   ours, CPU profile:")
+            cpu_profile(cases["ours (epilogue form)"], top=20)
+
+
 SECTIONS = {"softmax": section_softmax, "softmax_long": section_softmax_long,
             "layer_norm": section_layer_norm, "conv": section_conv, "filter2d": section_filter2d,
             "matmul": section_matmul, "attention": section_attention,
             "cpu": section_cpu, "overhead": section_overhead, "waits": section_waits, "thread": section_thread, "launch": section_launch,
             "lnl": section_lnl, "ln_long": section_ln_long, "tma": section_tma, "tma_ops": section_tma_ops,
-            "conv_graph": section_conv_graph}
+            "conv_graph": section_conv_graph, "ln_prologue": section_ln_prologue}
 
 
 def main(argv=None) -> int:

@@ -177,7 +177,7 @@ def test_tf32_path_normalises_first(monkeypatch):
     check(x, g.double(), b.half(), w, bias.double(), tol=tol, grads=False)
     launched = spy_launches(monkeypatch)
     layer_norm_linear(x, g, b, w, bias)
-    assert "fold_weights_kernel" not in launched and launched[-1] == "matmul_kernel"
+    assert "prepare_kernel" not in launched and launched[-1] == "matmul_kernel"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -265,7 +265,7 @@ def check_fold(w, g, b, bias):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("N, K", [(1, 1), (5, 7), (67, 1000), (130, 513), (9, 16)], ids=str)
 def test_fold_weights_kernel(N, K, dtype):
-    # Ragged N and K: rows past N, columns past K (chunks of FOLD_CHUNK_COLS = 256), padded rows.
+    # Ragged N and K: rows past N, columns past K (chunks of FOLD_CHUNK_COLS = 512), padded rows.
     _, g, b, w, bias = make_inputs((1,), K, N, dtype)
     check_fold(w, g, b, bias)
 
@@ -338,13 +338,13 @@ def spy_launches(monkeypatch) -> list[str]:
     return launched
 
 
-def test_forward_is_three_launches(monkeypatch):
-    """Row statistics, folding, the matmul (matmul's own kernel, LayerNorm epilogue on): nothing
-    else runs per call (the folding used to be a dozen torch kernels)."""
+def test_forward_is_two_launches(monkeypatch):
+    """Row statistics and folding in one launch, then the matmul (matmul's own kernel, LayerNorm
+    epilogue on): nothing else runs per call (the folding used to be a dozen torch kernels)."""
     launched = spy_launches(monkeypatch)
     # K = 32: rows 16-byte aligned, so the GPU reads x in place (no pad_copy_kernel).
     layer_norm_linear(*make_inputs((2, 5), 32, 10, torch.float16))
-    assert launched == ["row_stats_kernel", "fold_weights_kernel", "matmul_kernel"]
+    assert launched == ["prepare_kernel", "matmul_kernel"]
 
 
 # ---------------------------------------------------------------------------------------------

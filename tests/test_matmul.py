@@ -759,9 +759,11 @@ def test_tma_kernel_epilogues_and_unaligned_output_rows(activation, tma_forced):
     assert len(tma_forced) == 1
 
 
-def test_tma_kernel_not_taken_where_it_does_not_apply(tma_forced):
+def test_tma_kernel_not_taken_where_it_does_not_apply(tma_forced, monkeypatch):
     # Batched, fp32, and operands a descriptor cannot describe (no unit stride) keep
-    # matmul_kernel.
+    # matmul_kernel. (With ALIGN_OPERANDS on, as on a GPU, the strided operand would first be
+    # copied into an aligned buffer, which a descriptor can describe: switched off here.)
+    monkeypatch.setattr(matmul_module, "ALIGN_OPERANDS", False)
     a16, b16 = rand(2, 40, 48, dtype=torch.float16, seed=76), rand(48, 24, dtype=torch.float16, seed=77)
     assert_close(matmul(a16, b16), reference(a16, b16), torch.float16)
     a, b = rand(40, 48, seed=78), rand(48, 24, seed=79)
@@ -787,15 +789,18 @@ def test_tma_kernel_gradients(tma_forced):
 def test_tma_picked_only_for_large_products_on_hopper(monkeypatch):
     # Auto mode: never in the interpreter or off Hopper; on Hopper only with a wave of tiles.
     monkeypatch.setattr(matmul_module, "TMA_MATMUL", None)
+    # As an op's launcher asks it: launching directly (eager), not traced by torch.compile.
+    use_tma = runtime.launch_directly(matmul_module._use_tma)
     a, b = rand(64, 512, dtype=torch.float16), rand(512, 64, dtype=torch.float16)
     out = a.new_empty(64, 64)
     if runtime.INTERPRET or not torch.cuda.is_available():
-        assert not matmul_module._use_tma(a, b, out, "ieee")
+        assert not use_tma(a, b, out, "ieee")
         return
     monkeypatch.setattr(matmul_module, "_is_hopper", lambda index: True)
-    assert not matmul_module._use_tma(a, b, out, "ieee")  # 1 tile: matmul_kernel's small tiles
+    assert not use_tma(a, b, out, "ieee")  # 1 tile: matmul_kernel's small tiles
     big_a = a.new_empty(4096, 512)
     big_b = a.new_empty(512, 4096)
-    assert matmul_module._use_tma(big_a, big_b, a.new_empty(4096, 4096), "ieee")
+    assert use_tma(big_a, big_b, a.new_empty(4096, 4096), "ieee")
+    assert not matmul_module._use_tma(big_a, big_b, a.new_empty(4096, 4096), "ieee")  # traced
     monkeypatch.setattr(matmul_module, "_is_hopper", lambda index: False)
-    assert not matmul_module._use_tma(big_a, big_b, a.new_empty(4096, 4096), "ieee")
+    assert not use_tma(big_a, big_b, a.new_empty(4096, 4096), "ieee")

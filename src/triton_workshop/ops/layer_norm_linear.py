@@ -24,9 +24,10 @@ With ``xhat = (x - mean) * rstd`` per row, ``g = ln_weight``, ``b = ln_bias``::
     c1[n]   = Σ_k W'[n,k]              (fp32, summed from the *rounded* W')
     c2[n]   = Σ_k W[n,k] b[k] + bias[n] (fp32)
 
-So a call is three launches: ``row_stats_kernel`` computes ``mean`` and ``rstd`` per row (one read
-of ``x``, 8 bytes a row written); ``fold_weights_kernel`` reads ``W`` once and writes ``W'`` (K
-contiguous, the layout the matmul reads in place) with ``c1`` and ``c2`` beside it; then
+So a call is two launches. ``prepare_kernel`` does two independent jobs, split between its
+programs: the first compute ``mean`` and ``rstd`` per row (one read of ``x``, 8 bytes a row
+written), the rest read ``W`` once and write ``W'`` (K contiguous, the layout the matmul reads in
+place) with ``c1`` and ``c2`` beside it. Then
 :func:`~triton_workshop.ops.matmul.matmul_kernel` computes ``x @ W'ᵀ`` with its ``LN_EPILOGUE``
 flag on, and its epilogue applies the row pair ``rstd``, ``rstd·mean`` and the column vector
 ``c1`` to the fp32 accumulator, then adds ``c2`` as its bias, before the single store. It is the
@@ -52,7 +53,7 @@ the accumulator. Each of the K additions rounds a partial sum of size ~``|mean|�
 size ~``std·√K·|w|``: a relative error of about ``2⁻²⁴ · √K · |mean| / std``. At mean 50, std 1,
 K = 1024 that is ~1e-4, below fp16's own output rounding (2⁻¹¹ ≈ 5e-4); ``test_large_mean``
 checks it. (fp32 products round too, which adds a term of the same size; so does the fp32 sum
-that makes ``c1``, which ``fold_weights_kernel`` takes over the very values it stores, rounded
+that makes ``c1``, which :func:`_fold_weights_tile` takes over the very values it stores, rounded
 and widened back, in running tiles and then a tree.) The error of rounding
 ``W'`` to fp16/bf16 is *not* amplified (``c1`` absorbs it) and is the same as rounding the
 normalised activations to fp16 in the unfused pair. Both points matter; a float64 emulation at
@@ -99,17 +100,20 @@ from .layer_norm import layer_norm_backward, layer_norm_forward
 from .matmul import _input_precision, _launch_matmul, matmul
 
 _PARAM_DTYPES = FLOAT_DTYPES + (torch.float64,)
-#: Columns a step of the statistics kernel reads per row; longer rows are merged chunk by chunk.
-#: Whole rows up to 8192 (one load a row, the most memory parallelism; 16 values a thread).
-STATS_CHUNK_COLS = 8192
+#: Columns a step of the statistics reads per row; longer rows are merged chunk by chunk, the
+#: chunks' loads pipelined (the launch's default 3 stages). On an H100 (``diagnose.py
+#: ln_prologue``, fp16 x 8192 x 4096 and W 4096 x 4096 in one prepare_kernel launch): 4 rows x
+#: 1024-column chunks 60.4 µs, 2 x 2048 62.6, whole rows of 4096 64.5 (one load a row, no
+#: pipeline), 2 x 1024 74.1.
+STATS_CHUNK_COLS = 1024
 #: Elements a statistics program aims to hold (short rows are packed several to a program).
 STATS_TILE_ELEMS = 4096
-#: The folding kernel's step: columns of a weight row (its running sums are tiles of this width)
-#: and elements (rows per program = elements / columns), pipelined ``FOLD_STAGES`` deep. From an
-#: offline sm_90 compile: 8 x 256 tiles, 8 warps, 56 registers, 9 KB of shared memory, so four
-#: programs an SM, 32 KB of fp16 loads in flight an SM, and N = 4096 rows in one wave of programs.
-FOLD_CHUNK_COLS = 256
-FOLD_TILE_ELEMS = 2048
+#: The folding's step: columns of a weight row (its running sums are tiles of this width) and
+#: elements (rows per program = elements / columns), pipelined ``FOLD_STAGES`` deep. On an H100
+#: (``diagnose.py ln_prologue``, fp16 W 4096 x 4096, read and written): 8 x 512 tiles, 8 warps,
+#: 30.3 µs (2215 GB/s); the earlier 8 x 256 took 35.1, 4 x 1024 31.0, 16 x 128 45.9.
+FOLD_CHUNK_COLS = 512
+FOLD_TILE_ELEMS = 4096
 FOLD_STAGES = 3
 
 
@@ -117,15 +121,15 @@ FOLD_STAGES = 3
 # Kernels.
 # --------------------------------------------------------------------------------------------
 @triton.jit
-def row_stats_kernel(
-    x_ptr, mean_ptr, rstd_ptr,
+def _row_stats_tile(
+    pid, x_ptr, mean_ptr, rstd_ptr,
     n_rows, n_cols, stride_row, stride_col, eps,
     ROWS: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    """fp32 ``mean`` and ``rstd`` of ``ROWS`` rows, in chunks of ``BLOCK_K`` columns: exact
-    two-pass moments of each chunk in registers, merged with Chan's update (a sum of squared
-    deviations, never ``E[x²] - E[x]²``, which cancels exactly when |mean| >> std)."""
-    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    """fp32 ``mean`` and ``rstd`` of the ``ROWS`` rows of tile ``pid``, in chunks of ``BLOCK_K``
+    columns: exact two-pass moments of each chunk in registers, merged with Chan's update (a sum
+    of squared deviations, never ``E[x²] - E[x]²``, which cancels exactly when |mean| >> std)."""
+    rows = pid.to(tl.int64) * ROWS + tl.arange(0, ROWS)
     row_mask = rows < n_rows
     # Typed tensors from the start: loop-carried values must keep one type.
     count = tl.zeros([ROWS], dtype=tl.float32)
@@ -149,14 +153,15 @@ def row_stats_kernel(
 
 
 @triton.jit
-def fold_weights_kernel(
-    w_ptr, g_ptr, b_ptr, bias_ptr, w_out_ptr, sums_ptr,
+def _fold_weights_tile(
+    pid, w_ptr, g_ptr, b_ptr, bias_ptr, w_out_ptr, sums_ptr,
     n_rows, n_cols,
     stride_wn, stride_wk, stride_g, stride_b, stride_bias, stride_out,
     HAS_G: tl.constexpr, HAS_B: tl.constexpr, HAS_BIAS: tl.constexpr, WRITE_W: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
 ):  # fmt: skip
-    """Everything the epilogue form needs from the weights, in one read of ``W`` (N x K):
+    """Everything the epilogue form needs from the ``ROWS`` weight rows of tile ``pid``, in one
+    read of them (``W`` is N x K):
 
     * ``W'[n, k] = W[n, k] · g[k]``, rounded to ``w_out_ptr``'s dtype and stored with K
       contiguous (the main kernel's B operand, read in place); skipped when ``WRITE_W`` is off
@@ -168,7 +173,7 @@ def fold_weights_kernel(
     ``c1`` goes to ``sums_ptr[0:n_rows]``, ``c2`` to ``sums_ptr[n_rows:2 n_rows]``. The running
     sums are kept as whole ``ROWS x BLOCK_K`` tiles and reduced once after the loop: a reduction
     every step would cross threads (shuffles, shared memory) inside the loop."""
-    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    rows = pid.to(tl.int64) * ROWS + tl.arange(0, ROWS)
     row_mask = rows < n_rows
     c1_acc = tl.zeros([ROWS, BLOCK_K], dtype=tl.float32)
     c2_acc = tl.zeros([ROWS, BLOCK_K], dtype=tl.float32)
@@ -202,6 +207,33 @@ def fold_weights_kernel(
     tl.store(sums_ptr + n_rows + rows, c2, mask=row_mask)
 
 
+@triton.jit
+def prepare_kernel(
+    x_ptr, mean_ptr, rstd_ptr, w_ptr, g_ptr, b_ptr, bias_ptr, w_out_ptr, sums_ptr,
+    stats_programs, M, N, K,
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_g, stride_b, stride_bias, stride_out,
+    eps,
+    HAS_G: tl.constexpr, HAS_B: tl.constexpr, HAS_BIAS: tl.constexpr, WRITE_W: tl.constexpr,
+    STATS_ROWS: tl.constexpr, STATS_BLOCK_K: tl.constexpr,
+    FOLD_ROWS: tl.constexpr, FOLD_BLOCK_K: tl.constexpr, FOLD_STAGES: tl.constexpr,
+):  # fmt: skip
+    """Both jobs before the matmul in one launch: programs below ``stats_programs`` take a tile
+    of x's rows (:func:`_row_stats_tile`), the rest a tile of the weight's rows
+    (:func:`_fold_weights_tile`). Neither needs the other's result, and both are pure memory
+    traffic: as two launches, the memory system drained at the end of the first (its last,
+    partial wave) and ramped up again in the second. Statistics first, so the folded weights,
+    written last, are the freshest data in L2 when the matmul starts reading them."""
+    pid = tl.program_id(0)
+    if pid < stats_programs:
+        _row_stats_tile(pid, x_ptr, mean_ptr, rstd_ptr, M, K, stride_xm, stride_xk, eps,
+                        STATS_ROWS, STATS_BLOCK_K)  # fmt: skip
+    else:
+        _fold_weights_tile(pid - stats_programs, w_ptr, g_ptr, b_ptr, bias_ptr, w_out_ptr,
+                           sums_ptr, N, K, stride_wn, stride_wk, stride_g, stride_b, stride_bias,
+                           stride_out, HAS_G, HAS_B, HAS_BIAS, WRITE_W,
+                           FOLD_ROWS, FOLD_BLOCK_K, FOLD_STAGES)  # fmt: skip
+
+
 # --------------------------------------------------------------------------------------------
 # Launcher helpers.
 # --------------------------------------------------------------------------------------------
@@ -213,22 +245,6 @@ def _concrete(n, bound: int) -> int:
     """``n``, or ``bound`` when it is symbolic (torch.compile with dynamic shapes): a row count
     that only caps a tile size must not make a constexpr symbolic (or add a guard)."""
     return n if type(n) is int else bound
-
-
-def _row_stats(x2d: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor, eps: float) -> None:
-    """Fill fp32 ``mean`` and ``rstd`` of each row of ``x2d`` (8 bytes a row: all the forward
-    keeps). ``n_rows`` > 0."""
-    n_rows, n_cols = x2d.shape
-    if n_cols == 0:  # statistics of nothing, as PyTorch's layer_norm: NaN
-        mean.fill_(math.nan)
-        rstd.fill_(math.nan)
-        return
-    tile = row_tile(min(n_cols, STATS_CHUNK_COLS), _concrete(n_rows, 64),
-                    tile_elems=STATS_TILE_ELEMS, max_rows=64)  # fmt: skip
-    wrap_triton(row_stats_kernel)[(runtime.cdiv(n_rows, tile.rows),)](
-        x2d, mean, rstd, n_rows, n_cols, *x2d.stride(), eps,
-        ROWS=tile.rows, BLOCK_K=tile.block_cols, num_warps=tile.num_warps,
-    )  # fmt: skip
 
 
 def _operand_ready(w: torch.Tensor) -> bool:
@@ -245,39 +261,75 @@ def _operand_ready(w: torch.Tensor) -> bool:
     )
 
 
-def _fold_weights(weight, ln_weight, ln_bias, bias):
-    """``(w_prime, sums)`` from one launch of :func:`fold_weights_kernel`: ``w_prime`` (N, K) in
-    weight's dtype with K contiguous and rows padded to 16 elements (``weight`` itself when there
-    is no ``ln_weight`` and it is already in that form: nothing is written then), and ``sums``
-    (2N,) fp32 = ``[c1, c2]``. N > 0."""
-    N, K = weight.shape
-    sums = weight.new_empty(2 * N, dtype=torch.float32)
-    write = ln_weight is not None or not _operand_ready(weight)
-    if write and K % 16 == 0:
-        w_prime = weight.new_empty(N, K)
-    elif write:
-        w_prime = weight.new_empty(N, runtime.cdiv(K, 16) * 16)[:, :K]  # padding never read
-    else:
-        w_prime = weight
-    tile = row_tile(min(max(K, 1), FOLD_CHUNK_COLS), _concrete(N, 64),
-                    tile_elems=FOLD_TILE_ELEMS, max_rows=64)  # fmt: skip
-    wrap_triton(fold_weights_kernel)[(runtime.cdiv(N, tile.rows),)](
-        weight,
-        ln_weight if ln_weight is not None else sums,  # never read when its flag is off
-        ln_bias if ln_bias is not None else sums,
-        bias if bias is not None else sums,
-        w_prime, sums,
-        N, K,
-        *weight.stride(),
-        ln_weight.stride(0) if ln_weight is not None else 0,
-        ln_bias.stride(0) if ln_bias is not None else 0,
-        bias.stride(0) if bias is not None else 0,
-        w_prime.stride(0),
-        HAS_G=ln_weight is not None, HAS_B=ln_bias is not None, HAS_BIAS=bias is not None,
-        WRITE_W=write,
-        ROWS=tile.rows, BLOCK_K=tile.block_cols, STAGES=FOLD_STAGES, num_warps=tile.num_warps,
+def _prepare(x2d, mean, rstd, eps, weight, ln_weight, ln_bias, bias):
+    """One launch of :func:`prepare_kernel`, for either job or both.
+
+    Unless ``x2d`` (M, K) is None: fill fp32 ``mean`` and ``rstd`` of each of its rows (8 bytes
+    a row: all the forward keeps). Unless ``weight`` (N, K) is None: return ``(w_prime, sums)``,
+    ``w_prime`` (N, K) in weight's dtype with K contiguous and rows padded to 16 elements
+    (``weight`` itself when there is no ``ln_weight`` and it is already in that form: nothing is
+    written then), ``sums`` (2N,) fp32 = ``[c1, c2]``; else ``(None, None)``. M, N > 0."""
+    stats, fold = x2d is not None, weight is not None
+    K = x2d.shape[1] if stats else weight.shape[1]
+    M = x2d.shape[0] if stats else 0
+    N = weight.shape[0] if fold else 0
+    if stats and K == 0:  # statistics of nothing, as PyTorch's layer_norm: NaN
+        mean.fill_(math.nan)
+        rstd.fill_(math.nan)
+        stats = False
+    w_prime = sums = None
+    write = False
+    if fold:
+        sums = weight.new_empty(2 * N, dtype=torch.float32)
+        write = ln_weight is not None or not _operand_ready(weight)
+        if write and K % 16 == 0:
+            w_prime = weight.new_empty(N, K)
+        elif write:
+            w_prime = weight.new_empty(N, runtime.cdiv(K, 16) * 16)[:, :K]  # padding never read
+        else:
+            w_prime = weight
+    if not (stats or fold):
+        return w_prime, sums
+    stats_tile = row_tile(min(max(K, 1), STATS_CHUNK_COLS), _concrete(M, 64),
+                          tile_elems=STATS_TILE_ELEMS, max_rows=64)  # fmt: skip
+    fold_tile = row_tile(min(max(K, 1), FOLD_CHUNK_COLS), _concrete(N, 64),
+                         tile_elems=FOLD_TILE_ELEMS, max_rows=64)  # fmt: skip
+    stats_programs = runtime.cdiv(M, stats_tile.rows) if stats else 0
+    fold_programs = runtime.cdiv(N, fold_tile.rows) if fold else 0
+    # Arguments of a job that does not run are never read (its programs or its flag are off).
+    spare = mean if stats else sums
+    wrap_triton(prepare_kernel)[(stats_programs + fold_programs,)](
+        x2d if stats else spare, mean if stats else spare, rstd if stats else spare,
+        weight if fold else spare,
+        ln_weight if fold and ln_weight is not None else spare,
+        ln_bias if fold and ln_bias is not None else spare,
+        bias if fold and bias is not None else spare,
+        w_prime if fold else spare, sums if fold else spare,
+        stats_programs, M, N, K,
+        *(x2d.stride() if stats else (0, 0)),
+        *(weight.stride() if fold else (0, 0)),
+        ln_weight.stride(0) if fold and ln_weight is not None else 0,
+        ln_bias.stride(0) if fold and ln_bias is not None else 0,
+        bias.stride(0) if fold and bias is not None else 0,
+        w_prime.stride(0) if fold else 0,
+        eps,
+        HAS_G=fold and ln_weight is not None, HAS_B=fold and ln_bias is not None,
+        HAS_BIAS=fold and bias is not None, WRITE_W=write,
+        STATS_ROWS=stats_tile.rows, STATS_BLOCK_K=stats_tile.block_cols,
+        FOLD_ROWS=fold_tile.rows, FOLD_BLOCK_K=fold_tile.block_cols, FOLD_STAGES=FOLD_STAGES,
+        num_warps=max(stats_tile.num_warps if stats else 1, fold_tile.num_warps if fold else 1),
     )  # fmt: skip
     return w_prime, sums
+
+
+def _row_stats(x2d: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor, eps: float) -> None:
+    """:func:`_prepare`'s statistics alone."""
+    _prepare(x2d, mean, rstd, eps, None, None, None, None)
+
+
+def _fold_weights(weight, ln_weight, ln_bias, bias):
+    """:func:`_prepare`'s weight folding alone: ``(w_prime, sums)``."""
+    return _prepare(None, None, None, 0.0, weight, ln_weight, ln_bias, bias)
 
 
 def _forward_fake(x, ln_weight, ln_bias, weight, bias, eps):
@@ -303,8 +355,8 @@ def layer_norm_linear_forward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(out, mean, rstd)``: out (..., N) in x's dtype; mean and rstd fp32, one per row.
 
-    Three launches: row statistics, weight folding, matmul_kernel with its LayerNorm epilogue
-    (fp32 under TF32: layer_norm, then the matmul; see the module docstring). The launcher runs
+    Two launches: row statistics and weight folding in one (prepare_kernel), then the matmul
+    with its LayerNorm epilogue (fp32 under TF32: layer_norm, then the matmul; see the module docstring). The launcher runs
     on every call, so it keeps to sizes and strides (no views it can avoid, no torch ops besides
     the allocations)."""
     K, N = x.shape[-1], weight.shape[0]
@@ -322,10 +374,10 @@ def layer_norm_linear_forward(
     if M == 0:
         return out, mean, rstd
     with runtime.device_guard(x):
-        _row_stats(x2d, mean, rstd, eps)
+        w_prime, sums = _prepare(x2d, mean, rstd, eps, weight if N > 0 else None, ln_weight,
+                                 ln_bias, bias)  # fmt: skip
         if N == 0:
             return out, mean, rstd
-        w_prime, sums = _fold_weights(weight, ln_weight, ln_bias, bias)
         if K == 0:  # an empty sum: only the bias is left
             out.copy_(sums[N:].expand(out.shape))
             return out, mean, rstd
