@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from triton_workshop import runtime
 from triton_workshop.ops import conv as conv_module
+from triton_workshop.ops import layout as layout_module
 from triton_workshop.ops.conv import (
     DEPTHWISE_CONFIGS,
     GEMM_CONFIGS,
@@ -207,41 +208,48 @@ def test_strided_bias():
 
 
 class LaunchRecorder:
-    """Stands in for conv.wrap_triton: records each launch's kernel, arguments and constexprs,
-    then launches it for real."""
+    """Stands in for runtime.launch (every conv launch goes through it): records each launch's
+    kernel, arguments (tensors, then scalars), constexprs and plan parts, then launches it for
+    real."""
 
     def __init__(self, real):
         self.real = real
         self.launches = []
+        self.plans = []  # (grid, scalars, consts, prepared) as passed: the plan's own objects
 
-    def __call__(self, kernel):
-        recorder = self
+    def __call__(self, kernel, grid, tensors, scalars, consts, prepared):
+        self.launches.append((kernel, (*tensors, *scalars), consts))
+        self.plans.append((grid, scalars, consts, prepared))
+        return self.real(kernel, grid, tensors, scalars, consts, prepared)
 
-        class Launch:
-            def __getitem__(self, grid):
-                def launch(*args, **kwargs):
-                    recorder.launches.append((kernel, args, kwargs))
-                    return recorder.real(kernel)[grid](*args, **kwargs)
+    def of(self, kernel):
+        return [launch for launch in self.launches if launch[0] is kernel]
 
-                return launch
-
-        return Launch()
+    def plans_of(self, kernel):
+        """The plan parts of ``kernel``'s launches (on the GPU an NCHW x adds the transpose's)."""
+        return [plan for launch, plan in zip(self.launches, self.plans) if launch[0] is kernel]
 
 
-def test_nchw_output_written_by_the_kernel(monkeypatch):
-    """NCHW on the GPU path: x goes to channels-last, the kernel writes the NCHW result itself
-    (the tensor returned is the one the kernel wrote: no copy back) and reads a channels-last
-    weight in place."""
+@pytest.fixture
+def recorder(monkeypatch):
+    recorder = LaunchRecorder(runtime.launch)
+    monkeypatch.setattr(runtime, "launch", recorder)
+    return recorder
+
+
+def test_nchw_output_written_by_the_kernel(monkeypatch, recorder):
+    """NCHW on the GPU path: x goes to channels-last (layout's tiled transpose, launched from the
+    plan), the kernel writes the NCHW result itself (the tensor returned is the one the kernel
+    wrote: no copy back) and reads a channels-last weight in place."""
     monkeypatch.setattr(conv_module, "NCHW_VIA_CHANNELS_LAST", True)
-    recorder = LaunchRecorder(conv_module.wrap_triton)
-    monkeypatch.setattr(conv_module, "wrap_triton", recorder)
     x, w, b = make(2, 64, 4, 8, 8, 3, 3, seed=25)  # OH * OW = 32: whole 16-pixel runs
     w_cl = w.to(memory_format=torch.channels_last)
     out = conv2d(x, w_cl, b, padding=1)
     check(out, reference(x, w, b, padding=1), torch.float32)
     assert out.is_contiguous()
-    [(kernel, args, kwargs)] = recorder.launches
-    assert kernel is conv_module.conv2d_implicit_gemm_kernel
+    assert [launch[0] for launch in recorder.launches] == [
+        layout_module.transpose_kernel, conv_module.conv2d_implicit_gemm_kernel]
+    [(kernel, args, kwargs)] = recorder.of(conv_module.conv2d_implicit_gemm_kernel)
     assert args[0].is_contiguous(memory_format=torch.channels_last)
     assert args[1].data_ptr() == w_cl.data_ptr()
     assert args[2].data_ptr() == out.data_ptr()
@@ -249,10 +257,8 @@ def test_nchw_output_written_by_the_kernel(monkeypatch):
     assert kwargs["CHANNEL_TILED"] and kwargs["EVEN_CHANNELS"]
 
 
-def test_channels_last_in_place(monkeypatch):
+def test_channels_last_in_place(recorder):
     """Channels-last x and weight: one launch, both read where they are."""
-    recorder = LaunchRecorder(conv_module.wrap_triton)
-    monkeypatch.setattr(conv_module, "wrap_triton", recorder)
     x, w, b = make(1, 32, 5, 6, 8, 3, 3, seed=26)
     x_cl, w_cl = (t.to(memory_format=torch.channels_last) for t in (x, w))
     out = conv2d(x_cl, w_cl, b, padding=1)
@@ -260,6 +266,230 @@ def test_channels_last_in_place(monkeypatch):
     [(_, args, kwargs)] = recorder.launches
     assert args[0].data_ptr() == x_cl.data_ptr() and args[1].data_ptr() == w_cl.data_ptr()
     assert not kwargs["X_PIXEL_MAJOR"] and not kwargs["Y_PIXEL_MAJOR"]
+
+
+# --------------------------------------------------------------------------------------------
+# Launch plans: worked out once per shapes, strides, dtype and arguments, then reused.
+# --------------------------------------------------------------------------------------------
+def plan_misses() -> int:
+    return conv_module._plan.cache_info().misses
+
+
+def test_plan_reused_across_calls(recorder):
+    """The second call with the same shapes (new tensors) finds the plan and its checked
+    arguments cached, and launches with the plan's own objects: nothing is rebuilt."""
+    conv_module._plan.cache_clear()
+    conv_module._checked_geometry.cache_clear()
+    for seed in (40, 41):
+        x, w, b = make(1, 32, 5, 6, 8, 3, 3, seed=seed)
+        check(conv2d(x, w, b, padding=1), reference(x, w, b, padding=1), torch.float32)
+    plans = conv_module._plan.cache_info()
+    assert (plans.misses, plans.hits) == (1, 1)
+    geometry = conv_module._checked_geometry.cache_info()
+    assert (geometry.misses, geometry.hits) == (1, 1)
+    first, second = recorder.plans_of(conv_module.conv2d_implicit_gemm_kernel)
+    assert all(a is b for a, b in zip(first, second))  # grid, scalars, consts, prepared
+    assert isinstance(first[3], dict)  # the plan's prepared launches (filled on the GPU only)
+
+
+# (what changes, conv2d arguments): each one launches differently, so each needs a plan of its own.
+PLAN_VARIANTS = [
+    ("stride", dict(stride=2)),
+    ("padding", dict(padding=0)),
+    ("asymmetric-same", dict(padding="same", kernel=(4, 2))),
+    ("dilation", dict(dilation=2)),
+    ("groups", dict(groups=2)),
+    ("depthwise", dict(groups=8)),
+    ("channel-tiled", dict(channels=32)),
+    ("no-bias", dict(bias=False)),
+    ("fp16", dict(dtype=torch.float16)),
+    ("bf16", dict(dtype=torch.bfloat16)),
+    ("channels-last-x", dict(channels_last=True)),
+    ("strided-view-x", dict(view=True)),
+    ("tf32", dict(tf32=True)),
+]
+
+
+@pytest.mark.parametrize("variant, change", PLAN_VARIANTS, ids=[v[0] for v in PLAN_VARIANTS])
+def test_plan_per_launch_setting(variant, change, recorder):
+    """Against a base layer planned first, each change of stride, padding, dilation, groups,
+    channels, bias, dtype, x's layout or the TF32 switch makes a new plan, and both results
+    match torch (the output in x's memory format)."""
+
+    def run(stride=1, padding=1, dilation=1, groups=1, channels=8, kernel=(3, 3), bias=True,
+            dtype=torch.float32, channels_last=False, view=False, tf32=False):
+        torch.backends.cudnn.allow_tf32 = tf32
+        x, w, b = make(2, channels, 9, 8, 8, *kernel, groups=groups, dtype=dtype, bias=bias,
+                       seed=seed_of(variant, stride, padding, groups, str(dtype)))
+        if channels_last:
+            x = x.to(memory_format=torch.channels_last)
+        if view:
+            x = torch.cat([x, x], dim=3)[..., ::2]  # every other column: H and W still merge
+        kwargs = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
+        out = conv2d(x, w, b, **kwargs)
+        ref = reference(x, w, b, **kwargs)
+        if tf32:  # TF32 products on the GPU: 10-bit mantissas (the interpreter stays exact)
+            scale = max(ref.abs().max().item(), 1.0)
+            torch.testing.assert_close(out.double(), ref, rtol=1e-2, atol=1e-2 * scale)
+        else:
+            check(out, ref, dtype)
+        assert out.stride() == F.conv2d(x, w, b, **kwargs).stride()
+        return recorder.plans[-1]
+
+    conv_module._plan.cache_clear()
+    base = run()
+    changed = run(**change)
+    assert plan_misses() == 2
+    assert changed[3] is not base[3]  # another plan's prepared launches
+    if variant == "tf32":
+        assert base[2]["INPUT_PRECISION"] == "ieee" and changed[2]["INPUT_PRECISION"] == "tf32"
+    again = run()  # the base layer's plan is still there
+    assert plan_misses() == 2 and again[3] is base[3]
+
+
+def test_plan_keyed_on_resolved_arguments(recorder):
+    """padding="same" on a 3x3 kernel is padding 1, and stride (1, 1) is stride 1: one plan."""
+    x, w, b = make(1, 8, 7, 6, 4, 3, 3, seed=42)
+    conv2d(x, w, b, padding=1)
+    misses = plan_misses()
+    for kwargs in (dict(padding="same"), dict(padding=(1, 1), stride=(1, 1), dilation=(1, 1))):
+        check(conv2d(x, w, b, **kwargs), reference(x, w, b, **kwargs), torch.float32)
+    assert plan_misses() == misses
+    assert len({id(plan[3]) for plan in recorder.plans_of(conv_module.conv2d_implicit_gemm_kernel)}) == 1
+
+
+@pytest.mark.parametrize("k_loop", ["channel-tiled", "flat-k", "depthwise"])
+def test_plan_reads_weight_in_place_when_laid_out(k_loop, recorder):
+    """The weight's layout is not part of the plan: one already in the kernel's layout is read in
+    place (a channels-last weight for channel tiles, one contiguous along F for flat K, any
+    contiguous one for depthwise), any other is copied to it, on the same plan."""
+    channels, groups = {"channel-tiled": (32, 1), "flat-k": (8, 1), "depthwise": (8, 8)}[k_loop]
+    x, w, b = make(1, channels, 5, 6, 8, 3, 3, groups=groups, seed=seed_of("weight", k_loop))
+    in_layout = {
+        "channel-tiled": w.to(memory_format=torch.channels_last),
+        "flat-k": w.permute(2, 3, 1, 0).contiguous().permute(3, 2, 0, 1),
+        "depthwise": w,
+    }[k_loop]
+    other = w.transpose(2, 3).contiguous().transpose(2, 3)  # same values, H and W swapped in memory
+    conv_module._plan.cache_clear()
+    ref = reference(x, w, b, padding=1, groups=groups)
+    for weight in (in_layout, other):
+        check(conv2d(x, weight, b, padding=1, groups=groups), ref, torch.float32)
+    assert plan_misses() == 1  # one plan for both
+    kernel = (conv_module.conv2d_depthwise_kernel if k_loop == "depthwise"
+              else conv_module.conv2d_implicit_gemm_kernel)
+    (_, in_place, _), (_, copied, _) = recorder.of(kernel)
+    assert in_place[1].data_ptr() == in_layout.data_ptr()
+    assert copied[1].data_ptr() != other.data_ptr()
+    if k_loop == "flat-k":  # the (KH, KW, Cg, F) copy
+        assert copied[1].shape == (3, 3, channels, 8) and copied[1].is_contiguous()
+    else:
+        assert copied[1].stride() == in_layout.stride()
+
+
+def test_plan_grids_close_over_ints():
+    """runtime.FastLaunch keys a callable grid by its code and closure: the plan's grids close
+    over plain ints only (hashable, and the same for every call of the plan)."""
+    geometry = (1, 1, 1, 1, 1, 1, 1, 1)
+    knobs = conv_module._knobs()
+    for w_shape, groups, names in (((8, 4, 3, 3), 2, ("BLOCK_M", "BLOCK_N")),
+                                   ((8, 1, 3, 3), 8, ("BLOCK_M", "BLOCK_F"))):
+        plan = conv_module._plan((2, 8, 9, 8), (576, 72, 8, 1), w_shape, torch.float16, geometry,
+                                 groups, True, "ieee", knobs)
+        cells = [c.cell_contents for c in plan.grid.__closure__]
+        assert all(type(v) is int for v in cells), cells
+        hash(tuple(cells))
+        assert all(type(v) is int for v in plan.grid(dict.fromkeys(names, 16)))
+        assert all(type(v) in (int, bool, str) for v in (*plan.scalars, *plan.consts.values()))
+
+
+@pytest.mark.parametrize(
+    "make_x",
+    [
+        lambda x: x,
+        lambda x: torch.cat([x, x], dim=3)[..., ::2],  # H and W merge: one transpose
+        lambda x: torch.cat([x, x], dim=3)[..., 2:9],  # they do not: Tensor.contiguous
+        lambda x: x[..., :1],  # W = 1
+        lambda x: x[:, :, :1],  # H = 1
+    ],
+    ids=["contiguous", "stepped", "sliced", "one-column", "one-row"],
+)
+def test_planned_channels_last_copy_matches_layout(make_x, monkeypatch):
+    """The NCHW -> channels-last copy the plan launches is layout.to_channels_last's: the same
+    strides (the ones the kernel is told) and the same values; and the conv is right."""
+    monkeypatch.setattr(conv_module, "NCHW_VIA_CHANNELS_LAST", True)
+    x0, w, b = make(2, 32, 6, 7, 4, 1, 1, seed=43)
+    x = make_x(x0)
+    plan = conv_module._find_plan(x, w, (1, 1), (0, 0, 0, 0), (1, 1), 1, True)
+    assert plan.to_channels_last
+    expected = layout_module.to_channels_last(x)
+    copied = conv_module._copy_channels_last(x, plan)
+    assert copied.stride() == expected.stride() == plan.x_strides, (
+        copied.stride(), expected.stride(), plan.x_strides, x.stride())
+    assert torch.equal(copied, expected), (copied - expected).abs().max()
+    assert (plan.transpose is None) == (x.stride(2) != x.size(3) * x.stride(3) and x.size(2) > 1
+                                        and x.size(3) > 1)
+    check(conv2d(x, w, b), reference(x, w, b), torch.float32)
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels-last"])
+@pytest.mark.parametrize("channels, groups", [(8, 1), (32, 1), (8, 8)],
+                         ids=["flat-k", "channel-tiled", "depthwise"])
+def test_plan_with_symbolic_sizes(channels, groups, channels_last, monkeypatch):
+    """Under torch.compile's dynamic shapes the sizes are symbolic and cannot key the cache: the
+    plan is made uncached, and matches the plan of the concrete sizes (except the autotuning
+    bucket of the pixel count, which symbolic sizes pass through unrounded)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import (DimDynamic, ShapeEnv,
+                                                       StatelessSymbolicContext)
+
+    monkeypatch.setattr(conv_module, "NCHW_VIA_CHANNELS_LAST", True)  # the transpose's plan too
+    x = torch.empty(2, channels, 9, 7)
+    if channels_last:
+        x = x.to(memory_format=torch.channels_last)
+    w = torch.empty(8, channels // groups, 3, 3)
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    dynamic = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] * 4)
+    x_sym = mode.from_tensor(x, symbolic_context=dynamic)
+    assert not isinstance(x_sym.shape[0], int)
+    args = ((1, 1), (1, 1, 1, 1), (1, 1), groups, True)
+    cached = conv_module._plan.cache_info().currsize
+    with mode:
+        symbolic = conv_module._find_plan(x_sym, mode.from_tensor(w), *args)
+    assert conv_module._plan.cache_info().currsize == cached
+    concrete = conv_module._find_plan(x, w, *args)
+    assert [int(v) for v in symbolic.out_shape] == list(concrete.out_shape)
+    assert [int(v) for v in symbolic.out_strides] == list(concrete.out_strides)
+    assert [int(v) for v in symbolic.scalars[:-1]] == list(concrete.scalars[:-1])
+    assert symbolic.consts == concrete.consts
+    assert symbolic.to_channels_last == concrete.to_channels_last
+    if concrete.transpose is not None:
+        assert [int(v) for v in symbolic.transpose[1]] == list(concrete.transpose[1])
+        assert symbolic.transpose[2] == concrete.transpose[2]
+
+
+def test_cached_argument_checks_still_refuse():
+    """The checked arguments are cached for plain ints and pairs of ints only: a bool or float
+    equal to a cached int is still refused, and a bad call raises every time (never cached)."""
+    x, w = _x(), _w()
+    conv2d(x, w, stride=1, padding=(1, 1), dilation=1, groups=1)  # cached
+    for kwargs, error in [
+        (dict(stride=True), TypeError),
+        (dict(stride=1.0), TypeError),
+        (dict(padding=(1.0, 1)), TypeError),
+        (dict(padding=(True, 1)), TypeError),
+        (dict(dilation=[True, 1]), TypeError),
+        (dict(groups=True), TypeError),
+        (dict(padding="full"), ValueError),
+        (dict(padding="full"), ValueError),
+        (dict(padding=(0, -1)), ValueError),
+        (dict(padding=(0, -1)), ValueError),
+    ]:
+        with pytest.raises(error):
+            conv2d(x, w, **{"stride": 1, "padding": (1, 1), **kwargs})
+    # A list is not cached (unhashable) but accepted as before.
+    check(conv2d(x, w, padding=[1, 1]), reference(x, w, padding=1), torch.float32)
+
 
 
 # Every GEMM config the GPU may pick, on layers that take each K-loop branch: whole and partial
@@ -279,6 +509,9 @@ CONFIG_CASES = [
 @pytest.mark.parametrize("via_channels_last", [True, False], ids=["via-nhwc", "in-place"])
 def test_every_gemm_config(config, via_channels_last, monkeypatch):
     monkeypatch.setattr(conv_module.conv2d_implicit_gemm_kernel, "configs", [config])
+    # On the GPU a launch with the same shapes would otherwise repeat the kernel compiled for the
+    # first config (the plan's prepared launch, FastLaunch's cache): through Triton every time.
+    monkeypatch.setattr(runtime, "FAST_LAUNCH", False)
     monkeypatch.setattr(conv_module, "NCHW_VIA_CHANNELS_LAST", via_channels_last)
     for name, shape, kwargs in CONFIG_CASES:
         x, w, b = make(*shape, groups=groups_of(kwargs), seed=seed_of(name, str(config)))

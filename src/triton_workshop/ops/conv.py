@@ -103,6 +103,7 @@ Autograd (input, weight and bias):
 
 from __future__ import annotations
 
+import functools
 from typing import List, Optional
 
 import torch
@@ -110,8 +111,8 @@ import triton
 import triton.language as tl
 
 from .. import runtime
-from ..runtime import FLOAT_DTYPES, register_op, wrap_triton
-from .layout import to_channels_last
+from ..runtime import FLOAT_DTYPES, register_op
+from . import layout
 
 __all__ = ["conv2d"]
 
@@ -520,6 +521,11 @@ def conv2d_depthwise_kernel(
 # --------------------------------------------------------------------------------------------
 # Launcher helpers.
 # --------------------------------------------------------------------------------------------
+#: ``torch.backends.cudnn.conv`` (torch >= 2.9; None before), looked up once: every fp32 call
+#: reads the TF32 switch (it is part of the launch plan's key), and the lookup was a fifth of that.
+_CUDNN_CONV = getattr(torch.backends.cudnn, "conv", None)
+
+
 def tf32_enabled() -> bool:
     """Whether PyTorch would use TF32 for an fp32 convolution on CUDA right now.
 
@@ -527,8 +533,7 @@ def tf32_enabled() -> bool:
     "none" = inherit from ``torch.backends.cudnn`` and then ``torch.backends``); setting the legacy
     ``torch.backends.cudnn.allow_tf32`` updates it. Older torch has only ``allow_tf32``.
     """
-    conv = getattr(torch.backends.cudnn, "conv", None)
-    precision = getattr(conv, "fp32_precision", None)
+    precision = getattr(_CUDNN_CONV, "fp32_precision", None)
     if precision is None:
         return bool(torch.backends.cudnn.allow_tf32)
     for parent in (torch.backends.cudnn, torch.backends):
@@ -593,12 +598,194 @@ def _conv2d_fake(x, weight, bias, stride, padding, dilation, groups):
 
 
 # --------------------------------------------------------------------------------------------
+# Launch plans. On the GPU machine (H100, fp16 x 32x64x56x56 channels-last, 64 3x3 filters,
+# padding 1) an eager call cost 36 us of host CPU for a 31 us kernel, where cuDNN's call costs
+# 21 us: in eager benchmarks this layer was host-bound. Most of that Python worked out, call after
+# call, what only depends on the shapes, strides, dtype and conv arguments (output shape and
+# memory format, K loop, weight layout, the kernels' scalar and constexpr arguments), and then
+# FastLaunch built a key over all 36 of the kernel's arguments to find the kernel it launched
+# last time. A plan does all of that once per such combination and keeps its launch ready to
+# repeat (runtime.launch), so a call only looks the plan up, allocates the output, copies what
+# must be copied and launches.
+# --------------------------------------------------------------------------------------------
+class _ConvPlan:
+    """How one combination of shapes, strides and arguments is launched.
+
+    ``out_shape``, ``out_strides``: the output, in the input's memory format (as torch lays it
+    out). ``kernel`` is None when nothing is launched: an empty output, or no input channels
+    (``zero_fill``: the output is the bias, or zero). ``weight_strides``: the layout the kernel
+    reads the weight in; a weight with other strides goes through ``relayout`` (a copy, or
+    Tensor.contiguous finding it already fits). ``to_channels_last``: x is copied to channels-last
+    first (the GPU's NCHW path), by the ``transpose`` launch (see :func:`_transpose_launch`) or,
+    where that is None, by Tensor.contiguous; ``x_strides`` are the strides of x as the kernel
+    reads it. ``grid``, ``scalars``, ``consts``, ``prepared``: the arguments of
+    :func:`runtime.launch` (``prepared`` fills with the compiled launches, one per device and
+    pointer alignment, on the GPU).
+    """
+
+    __slots__ = ("out_shape", "out_strides", "zero_fill", "kernel", "grid", "scalars", "consts",
+                 "prepared", "weight_strides", "relayout", "to_channels_last", "x_strides",
+                 "transpose")
+
+    def __init__(self, out_shape, out_strides, *, zero_fill=False, kernel=None, grid=None,
+                 scalars=(), consts=None, weight_strides=None, relayout=None,
+                 to_channels_last=False, x_strides=None, transpose=None):
+        self.out_shape, self.out_strides, self.zero_fill = out_shape, out_strides, zero_fill
+        self.kernel, self.grid, self.scalars, self.consts = kernel, grid, scalars, consts
+        self.prepared = {} if kernel is not None else None
+        self.weight_strides, self.relayout = weight_strides, relayout
+        self.to_channels_last, self.x_strides = to_channels_last, x_strides
+        self.transpose = transpose
+
+
+def _meta(shape, strides=None, memory_format=torch.contiguous_format) -> torch.Tensor:
+    """A storage-less tensor: its strides and contiguity are torch's own, found without copying
+    torch's rules for size-0 and size-1 dims (and it takes the symbolic sizes of torch.compile)."""
+    if strides is not None:
+        return torch.empty_strided(shape, strides, device="meta")
+    return torch.empty(shape, device="meta", memory_format=memory_format)
+
+
+def _transpose_launch(shape, strides):
+    """``(grid, scalars, consts, prepared)`` of the tiled transpose that ``layout.to_channels_last``
+    launches for an NCHW-like x (x read as (N, C, H*W) into (N, H*W, C): channels-last memory),
+    worked out here once per plan rather than by to_channels_last's Python at every call. None
+    where to_channels_last copies through Tensor.contiguous instead: H and W do not merge into
+    one run of pixels, or x is empty."""
+    rows = layout.pixel_rows(shape, strides)
+    if rows is None or 0 in shape:
+        return None
+    return (*layout.transpose_args(*rows), {})
+
+
+def _weight_channels_last(weight: torch.Tensor) -> torch.Tensor:
+    return weight.contiguous(memory_format=torch.channels_last)
+
+
+def _weight_along_filters(weight: torch.Tensor) -> torch.Tensor:
+    return weight.permute(2, 3, 1, 0).contiguous()  # (KH, KW, Cg, F): rows along F
+
+
+def _weight_contiguous(weight: torch.Tensor) -> torch.Tensor:
+    return weight.contiguous()
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan(x_shape, x_strides, w_shape, dtype, geometry, groups, has_bias, precision, knobs):
+    """The :class:`_ConvPlan` of a convolution. ``geometry``: (stride, padding [top, bottom, left,
+    right], dilation) flattened; ``precision``: the fp32 dot's (the TF32 switch when the plan was
+    made); ``knobs``: the module settings it depends on (tests change them)."""
+    nchw_via_channels_last, interpret, _layout_knobs = knobs  # the last: the transpose tile
+    stride_h, stride_w, pad_top, pad_bottom, pad_left, pad_right, dilation_h, dilation_w = geometry
+    batch, _, h, w = x_shape
+    n_filters, group_c, kh, kw = w_shape
+    oh = _output_size(h, pad_top, pad_bottom, dilation_h, kh, stride_h)
+    ow = _output_size(w, pad_left, pad_right, dilation_w, kw, stride_w)
+    out_shape = (batch, n_filters, oh, ow)
+    x_meta = _meta(x_shape, x_strides)
+    out_format = torch.channels_last if _is_channels_last(x_meta) else torch.contiguous_format
+    out_strides = _meta(out_shape, memory_format=out_format).stride()
+    if batch * n_filters * oh * ow == 0:
+        return _ConvPlan(out_shape, out_strides)
+    if group_c == 0:
+        return _ConvPlan(out_shape, out_strides, zero_fill=True)
+
+    ohw = oh * ow
+    m = batch * ohw
+    # y's pixel (oh * OW + ow) stride: the output is allocated as planned, so H and W always merge.
+    stride_yn, stride_yc, _, stride_yp = out_strides
+    conv_args = (stride_h, stride_w, pad_top, pad_left, dilation_h, dilation_w)
+    x_pixel_major = _pixel_major(x_meta)
+    # The grids close over the plan's ints only: runtime.FastLaunch keys a grid by its closure.
+    if group_c == 1:
+
+        def depthwise_grid(meta):
+            return (runtime.cdiv(m, meta["BLOCK_M"]), runtime.cdiv(n_filters, meta["BLOCK_F"]))
+
+        return _ConvPlan(
+            out_shape, out_strides, kernel=conv2d_depthwise_kernel, grid=depthwise_grid,
+            scalars=(h, w, ow, ohw, m, n_filters, n_filters // groups, *x_strides,
+                     stride_yn, stride_yc, stride_yp, *conv_args, _bucket(m)),
+            consts=dict(
+                KH=int(kh), KW=int(kw),  # constexprs: int() pins symbolic sizes
+                HAS_BIAS=has_bias,
+                PIXEL_MAJOR=x_pixel_major,
+            ),
+            # A one-channel weight (F, 1, KH, KW) is contiguous in either memory format: read as is.
+            weight_strides=_meta(w_shape).stride(), relayout=_weight_contiguous,
+        )  # fmt: skip
+
+    copy_x, transpose = False, None
+    if nchw_via_channels_last and x_pixel_major:
+        # Measured on an H100 (fp16 32x64x56x56, 64 3x3 filters): the NCHW gather ran at
+        # 13 TFLOP/s, the NHWC one at 122. One tiled transpose of x (a read and a write: 26 MB
+        # there, under 10 us at the memory bandwidth) costs far less, and the kernel writes the
+        # NCHW output itself.
+        copy_x = not x_meta.is_contiguous(memory_format=torch.channels_last)
+        if copy_x:
+            transpose = _transpose_launch(x_shape, x_strides)
+        x_strides = x_meta.contiguous(memory_format=torch.channels_last).stride()
+        x_pixel_major = False
+    channel_tiled = uses_channel_tiles(group_c)
+    if channel_tiled:
+        # The weight in channels-last memory, (F, KH, KW, Cg): K-major rows, see the kernel. A
+        # network converted with .to(memory_format=torch.channels_last) already has it (no copy);
+        # otherwise a copy of a few kilobytes per call.
+        weight_strides = _meta(w_shape, memory_format=torch.channels_last).stride()
+        relayout = _weight_channels_last
+        stride_wf, stride_wk = kh * kw * group_c, 1
+    else:
+        # (KH, KW, Cg, F) contiguous: the strides, in (F, Cg, KH, KW) order, of a weight already
+        # laid out that way.
+        weight_strides = _meta((kh, kw, group_c, n_filters)).permute(3, 2, 0, 1).stride()
+        relayout = _weight_along_filters
+        stride_wf, stride_wk = 1, n_filters
+    group_f = n_filters // groups
+
+    def gemm_grid(meta):
+        tiles = runtime.cdiv(m, meta["BLOCK_M"]) * runtime.cdiv(group_f, meta["BLOCK_N"])
+        return (tiles, groups)
+
+    return _ConvPlan(
+        out_shape, out_strides, kernel=conv2d_implicit_gemm_kernel, grid=gemm_grid,
+        scalars=(h, w, ow, ohw, m, group_c, group_f, *x_strides, stride_wf, stride_wk,
+                 stride_yn, stride_yc, stride_yp, *conv_args, _bucket(m)),
+        consts=dict(
+            KH=int(kh), KW=int(kw),  # constexprs: int() pins symbolic sizes
+            HAS_BIAS=has_bias,
+            CHANNEL_TILED=channel_tiled,
+            EVEN_CHANNELS=bool(group_c % 64 == 0),
+            X_PIXEL_MAJOR=x_pixel_major,
+            Y_PIXEL_MAJOR=stride_yp < stride_yc,
+            INPUT_PRECISION=precision,
+            DOT_IN_FP32=interpret and dtype == torch.bfloat16,
+        ),
+        weight_strides=weight_strides, relayout=relayout,
+        to_channels_last=copy_x, x_strides=x_strides, transpose=transpose,
+    )  # fmt: skip
+
+
+def _knobs() -> tuple:
+    """The module settings a plan depends on, part of its key (tests and scripts change them)."""
+    return (NCHW_VIA_CHANNELS_LAST, runtime.INTERPRET,
+            (layout.BLOCK_R, layout.BLOCK_C, layout.NUM_WARPS))
+
+
+def _find_plan(x, weight, stride, padding, dilation, groups, has_bias) -> _ConvPlan:
+    key = (x.shape, x.stride(), weight.shape, x.dtype, (*stride, *padding, *dilation), groups,
+           has_bias, _input_precision(x.dtype), _knobs())
+    try:
+        return _plan(*key)
+    except TypeError:  # symbolic sizes under torch.compile are not hashable: no cache
+        return _plan.__wrapped__(*key)
+
+
+# --------------------------------------------------------------------------------------------
 # The registered op (inputs already validated by conv2d below). padding is
 # [top, bottom, left, right]: padding="same" with an even dilated kernel pads one more on the
 # bottom/right, like torch. The backward pass calls it with negative padding (a crop).
-# Every eager call pays this function's Python and one or two kernel launches in CPU time, which
-# on a small layer is longer than the GPU work: nothing here is computed twice, and the kernels
-# take no argument they could derive (the output's H/W strides, the weight's, F).
+# Per call: the plan, the output, the copies the plan asks for (a bias with a stride, a weight
+# not in the kernel's layout, x to channels-last) and the launch; everything else is planned.
 # --------------------------------------------------------------------------------------------
 @register_op("conv2d", fake=_conv2d_fake)
 def _conv2d(
@@ -610,91 +797,38 @@ def _conv2d(
     dilation: List[int],
     groups: int,
 ) -> torch.Tensor:
-    batch, _, h, w = x.shape
-    n_filters, group_c, kh, kw = weight.shape
-    oh = _output_size(h, padding[0], padding[1], dilation[0], kh, stride[0])
-    ow = _output_size(w, padding[2], padding[3], dilation[1], kw, stride[1])
-    out = _empty_output(x, (batch, n_filters, oh, ow))
-    if out.numel() == 0:
+    plan = _find_plan(x, weight, stride, padding, dilation, groups, bias is not None)
+    out = torch.empty_strided(plan.out_shape, plan.out_strides, dtype=x.dtype, device=x.device)
+    kernel = plan.kernel
+    if kernel is None:
+        if plan.zero_fill:
+            # No input channels: every window sums nothing, so the output is the bias (or zero).
+            out.zero_()
+            if bias is not None:
+                out += bias.view(1, -1, 1, 1)
         return out
-    if group_c == 0:
-        # No input channels: every window sums nothing, so the output is the bias (or zero).
-        out.zero_()
-        if bias is not None:
-            out += bias.view(1, -1, 1, 1)
-        return out
-
-    ohw = oh * ow
-    m = batch * ohw
-    if bias is not None and bias.stride(0) != 1:
+    if bias is None:
+        bias = out  # never read when HAS_BIAS is False
+    elif bias.stride(0) != 1:
         bias = bias.contiguous()
-    bias_arg = bias if bias is not None else out  # never read when HAS_BIAS is False
-    # y's pixel (oh * OW + ow) stride: out is allocated above, so its H and W always merge.
-    stride_yn, stride_yc, _, stride_yp = out.stride()
-    conv_args = (stride[0], stride[1], padding[0], padding[2], dilation[0], dilation[1])
-
-    if group_c == 1:
-        # A one-channel weight (F, 1, KH, KW) is contiguous in either memory format: read as is.
-        weight = weight.contiguous()
-        x_pixel_major = _pixel_major(x)
-
-        def depthwise_grid(meta):
-            return (runtime.cdiv(m, meta["BLOCK_M"]), runtime.cdiv(n_filters, meta["BLOCK_F"]))
-
-        with runtime.device_guard(x):
-            wrap_triton(conv2d_depthwise_kernel)[depthwise_grid](
-                x, weight, out, bias_arg,
-                h, w, ow, ohw, m,
-                n_filters, n_filters // groups,
-                *x.stride(), stride_yn, stride_yc, stride_yp, *conv_args,
-                _bucket(m),
-                KH=int(kh), KW=int(kw),  # constexprs: int() pins symbolic sizes
-                HAS_BIAS=bias is not None,
-                PIXEL_MAJOR=x_pixel_major,
-            )  # fmt: skip
-        return out
-
-    x_pixel_major = _pixel_major(x)
-    if NCHW_VIA_CHANNELS_LAST and x_pixel_major:
-        # Measured on an H100 (fp16 32x64x56x56, 64 3x3 filters): the NCHW gather ran at
-        # 13 TFLOP/s, the NHWC one at 122. One tiled transpose of x (a read and a write: 26 MB
-        # there, under 10 us at the memory bandwidth) costs far less, and the kernel writes the
-        # NCHW output itself.
-        x = to_channels_last(x)
-        x_pixel_major = False
-    channel_tiled = uses_channel_tiles(group_c)
-    if channel_tiled:
-        # The weight in channels-last memory, (F, KH, KW, Cg): K-major rows, see the kernel. A
-        # network converted with .to(memory_format=torch.channels_last) already has it (no copy);
-        # otherwise a copy of a few kilobytes per call.
-        weight = weight.contiguous(memory_format=torch.channels_last)
-        stride_wf, stride_wk = kh * kw * group_c, 1
-    else:
-        weight = weight.permute(2, 3, 1, 0).contiguous()  # (KH, KW, Cg, F): rows along F
-        stride_wf, stride_wk = 1, n_filters
-    group_f = n_filters // groups
-
-    def gemm_grid(meta):
-        tiles = runtime.cdiv(m, meta["BLOCK_M"]) * runtime.cdiv(group_f, meta["BLOCK_N"])
-        return (tiles, groups)
-
+    if weight.stride() != plan.weight_strides:
+        weight = plan.relayout(weight)
     with runtime.device_guard(x):
-        wrap_triton(conv2d_implicit_gemm_kernel)[gemm_grid](
-            x, weight, out, bias_arg,
-            h, w, ow, ohw, m,
-            group_c, group_f,
-            *x.stride(), stride_wf, stride_wk, stride_yn, stride_yc, stride_yp, *conv_args,
-            _bucket(m),
-            KH=int(kh), KW=int(kw),  # constexprs: int() pins symbolic sizes
-            HAS_BIAS=bias is not None,
-            CHANNEL_TILED=channel_tiled,
-            EVEN_CHANNELS=bool(group_c % 64 == 0),
-            X_PIXEL_MAJOR=x_pixel_major,
-            Y_PIXEL_MAJOR=stride_yp < stride_yc,
-            INPUT_PRECISION=_input_precision(x.dtype),
-            DOT_IN_FP32=runtime.INTERPRET and x.dtype == torch.bfloat16,
-        )  # fmt: skip
+        if plan.to_channels_last:
+            x = _copy_channels_last(x, plan)
+        runtime.launch(kernel, plan.grid, (x, weight, out, bias), plan.scalars, plan.consts,
+                       plan.prepared)
     return out
+
+
+def _copy_channels_last(x: torch.Tensor, plan: _ConvPlan) -> torch.Tensor:
+    """``layout.to_channels_last(x)`` as the plan prepared it (under the caller's device guard)."""
+    if plan.transpose is None:
+        return x.contiguous(memory_format=torch.channels_last)
+    grid, scalars, consts, prepared = plan.transpose
+    x_cl = torch.empty_strided(x.shape, plan.x_strides, dtype=x.dtype, device=x.device)
+    runtime.launch(layout.transpose_kernel, grid, (x, x_cl), scalars, consts, prepared)
+    return x_cl
 
 
 # --------------------------------------------------------------------------------------------
@@ -767,6 +901,10 @@ def _pair(value, name: str, *, minimum: int) -> list[int]:
     """An int or a sequence of 1 or 2 ints, as torch accepts them, checked against ``minimum``."""
     if type(value) is int and value >= minimum:  # the common case, first (bool is not int here)
         return [value, value]
+    if type(value) is tuple and len(value) == 2:  # nn.Conv2d keeps its arguments as such pairs
+        first, second = value
+        if type(first) is int and type(second) is int and min(first, second) >= minimum:
+            return [first, second]
     items = [value] if isinstance(value, int) else value
     if not isinstance(items, (tuple, list)) or len(items) not in (1, 2):
         raise TypeError(f"{name} must be an int or a tuple of 2 ints, got {value!r}")
@@ -779,8 +917,8 @@ def _pair(value, name: str, *, minimum: int) -> list[int]:
     return pair
 
 
-def _padding_amounts(padding, weight, dilation, stride) -> list[int]:
-    """[top, bottom, left, right]."""
+def _padding_amounts(padding, kernel_size, dilation, stride) -> list[int]:
+    """[top, bottom, left, right] (``kernel_size``: the weight's (KH, KW))."""
     if type(padding) is int and padding >= 0:
         return [padding, padding, padding, padding]
     if isinstance(padding, str):
@@ -793,7 +931,7 @@ def _padding_amounts(padding, weight, dilation, stride) -> list[int]:
         if stride != [1, 1]:
             raise ValueError(f"padding='same' requires stride 1 (as in torch), got stride {stride}")
         amounts = []
-        for d, k in zip(dilation, weight.shape[2:]):
+        for d, k in zip(dilation, kernel_size):
             total = d * (k - 1)
             # torch pads the extra row/column of an odd total on the bottom/right.
             amounts += [total // 2, total - total // 2]
@@ -829,7 +967,16 @@ def _tensors_pass(x, weight, bias) -> bool:
     )
 
 
+def _is_plain(value) -> bool:
+    """An int or a pair of ints, exactly (no bool, float or int subclass inside)."""
+    return type(value) is int or (
+        type(value) is tuple and len(value) == 2 and type(value[0]) is int and type(value[1]) is int
+    )
+
+
 def _check_conv_args(x, weight, bias, stride, padding, dilation, groups):
+    """Every argument check, before any launch. Returns (stride, padding [top, bottom, left,
+    right], dilation) as tuples."""
     if not _tensors_pass(x, weight, bias):
         runtime.check_tensor(x, "x", dtypes=FLOAT_DTYPES, ndim=(3, 4))
         runtime.check_tensor(weight, "weight", dtypes=FLOAT_DTYPES, ndim=4)
@@ -838,13 +985,32 @@ def _check_conv_args(x, weight, bias, stride, padding, dilation, groups):
             runtime.check_tensor(bias, "bias", dtypes=FLOAT_DTYPES, ndim=1)
             runtime.check_same_dtype(x=x, bias=bias)
         runtime.check_same_device(x=x, weight=weight, bias=bias)
+    key = (x.shape, weight.shape, None if bias is None else bias.shape, stride, padding, dilation,
+           groups)
+    # The shape checks depend on nothing else, and a network calls with the same few shapes
+    # every step: cached, for plain ints and pairs of them only (True and 1.0 hash and compare
+    # equal to 1, and must still be refused), and not while torch.compile traces this (it would
+    # warn that it ignores the cache).
+    if (type(groups) is int and _is_plain(stride) and _is_plain(dilation)
+            and (type(padding) is str or _is_plain(padding))
+            and not torch.compiler.is_compiling()):  # fmt: skip
+        try:
+            return _checked_geometry(*key)
+        except TypeError:  # symbolic sizes are not hashable (a TypeError of a check recurs below)
+            pass
+    return _checked_geometry.__wrapped__(*key)
 
+
+@functools.lru_cache(maxsize=1024)
+def _checked_geometry(x_shape, w_shape, bias_shape, stride, padding, dilation, groups):
+    """The checks of the shapes against each other and the conv arguments (errors name them),
+    and the arguments in the op's form: see :func:`_check_conv_args`."""
     if type(groups) is not int and (isinstance(groups, bool) or not isinstance(groups, int)):
         raise TypeError(f"groups must be an int, got {type(groups).__name__}")
     if groups < 1:
         raise ValueError(f"groups must be positive, got {groups}")
-    n_filters, group_c, kh, kw = weight.shape
-    channels = x.shape[-3]
+    n_filters, group_c, kh, kw = w_shape
+    channels, height, width = x_shape[-3:]
     if n_filters % groups != 0:
         raise ValueError(
             f"weight has {n_filters} filters, which groups={groups} does not divide "
@@ -853,23 +1019,22 @@ def _check_conv_args(x, weight, bias, stride, padding, dilation, groups):
     if group_c * groups != channels:
         raise ValueError(
             f"x has {channels} channels but weight expects weight.shape[1] * groups = "
-            f"{group_c} * {groups} = {group_c * groups} (weight is {tuple(weight.shape)})"
+            f"{group_c} * {groups} = {group_c * groups} (weight is {tuple(w_shape)})"
         )
     if group_c != 1 and groups > _MAX_GRID_AXIS_1:
         raise ValueError(
             f"groups must be at most {_MAX_GRID_AXIS_1} unless depthwise, got {groups}"
         )
-    if bias is not None and bias.shape[0] != n_filters:
+    if bias_shape is not None and bias_shape[0] != n_filters:
         raise ValueError(
-            f"bias must have shape ({n_filters},) to match weight, got {tuple(bias.shape)}"
+            f"bias must have shape ({n_filters},) to match weight, got {tuple(bias_shape)}"
         )
     if kh == 0 or kw == 0:
-        raise ValueError(f"weight must have a non-empty kernel, got shape {tuple(weight.shape)}")
+        raise ValueError(f"weight must have a non-empty kernel, got shape {tuple(w_shape)}")
 
     stride = _pair(stride, "stride", minimum=1)
     dilation = _pair(dilation, "dilation", minimum=1)
-    padding = _padding_amounts(padding, weight, dilation, stride)
-    height, width = x.shape[-2:]
+    padding = _padding_amounts(padding, (kh, kw), dilation, stride)
     if (height + padding[0] + padding[1] < dilation[0] * (kh - 1) + 1
             or width + padding[2] + padding[3] < dilation[1] * (kw - 1) + 1):  # fmt: skip
         for axis, size, k, d, before, after in (
@@ -881,7 +1046,8 @@ def _check_conv_args(x, weight, bias, stride, padding, dilation, groups):
                     f"weight's dilated kernel {axis} {d * (k - 1) + 1} is larger than x's padded "
                     f"{axis} {size} + {before + after}: the output would be empty"
                 )
-    return stride, padding, dilation
+    # Tuples: the cache hands the same ones to every call, so they must not be mutable.
+    return tuple(stride), tuple(padding), tuple(dilation)
 
 
 def conv2d(

@@ -75,11 +75,10 @@ def transpose_kernel(
     tl.store(y_ptrs, tile_values, mask=mask)
 
 
-def _transpose_into(x: torch.Tensor, y: torch.Tensor, shape, strides) -> torch.Tensor:
-    """Launch the kernel: contiguous ``y`` holds (B, C, R) <- ``x`` read as a (B, R, C) array of
-    the given ``shape`` and element ``strides`` (no view needed). Nothing checked: for launchers
-    that already know their tensors (also under torch.compile: no data-dependent Python, the
-    kernel goes through ``wrap_triton``)."""
+def transpose_args(shape, strides) -> tuple[tuple, tuple, dict]:
+    """``(grid, scalar args, constexprs)`` of :func:`transpose_kernel` for x read as a (B, R, C)
+    array of the given ``shape`` and element ``strides``: what a launch needs besides the two
+    tensors, for launchers that plan their launches once per shape (conv2d)."""
     batch, rows, cols = shape
     stride_b, stride_r, stride_c = strides
     # 64-bit offsets when the copy (numel elements) or x (one past its farthest element; strides
@@ -87,13 +86,35 @@ def _transpose_into(x: torch.Tensor, y: torch.Tensor, shape, strides) -> torch.T
     span = max(batch * rows * cols, 1 + (batch - 1) * stride_b + (rows - 1) * stride_r
                + (cols - 1) * stride_c)  # fmt: skip
     tiles = runtime.cdiv(rows, BLOCK_R) * runtime.cdiv(cols, BLOCK_C)
+    consts = dict(BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C, INT64=bool(span >= _INT32_LIMIT),
+                  num_warps=NUM_WARPS)
+    return (batch * tiles,), (rows, cols, stride_b, stride_r, stride_c), consts
+
+
+def _transpose_into(x: torch.Tensor, y: torch.Tensor, shape, strides) -> torch.Tensor:
+    """Launch the kernel: contiguous ``y`` holds (B, C, R) <- ``x`` read as a (B, R, C) array of
+    the given ``shape`` and element ``strides`` (no view needed). Nothing checked: for launchers
+    that already know their tensors (also under torch.compile: no data-dependent Python, the
+    kernel goes through ``wrap_triton``)."""
+    grid, scalars, consts = transpose_args(shape, strides)
     with runtime.device_guard(x):
-        wrap_triton(transpose_kernel)[(batch * tiles,)](
-            x, y, rows, cols, stride_b, stride_r, stride_c,
-            BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C, INT64=bool(span >= _INT32_LIMIT),
-            num_warps=NUM_WARPS,
-        )  # fmt: skip
+        wrap_triton(transpose_kernel)[grid](x, y, *scalars, **consts)
     return y
+
+
+def pixel_rows(shape, strides):
+    """``((N, C, H*W), strides)``: an (N, C, H, W) array read as channel rows of pixels, where H
+    and W merge into one axis of pixels (every contiguous NCHW tensor, and views that slice only
+    N or C); None where they do not."""
+    n, c, h, w = shape
+    stride_n, stride_c, stride_h, stride_w = strides
+    if w == 1:
+        stride_pixel = stride_h
+    elif h == 1 or stride_h == w * stride_w:
+        stride_pixel = stride_w
+    else:
+        return None
+    return (n, c, h * w), (stride_n, stride_c, stride_pixel)
 
 
 def _transpose_copy_fake(x: torch.Tensor) -> torch.Tensor:
@@ -141,15 +162,8 @@ def to_channels_last(x: torch.Tensor) -> torch.Tensor:
     """
     if x.is_contiguous(memory_format=torch.channels_last):
         return x
-    n, c, h, w = x.shape
-    stride_n, stride_c, stride_h, stride_w = x.stride()
-    if w == 1:
-        stride_pixel = stride_h
-    elif h == 1 or stride_h == w * stride_w:
-        stride_pixel = stride_w
-    else:  # H and W do not merge
-        return x.contiguous(memory_format=torch.channels_last)
-    if x.numel() == 0:
+    rows = pixel_rows(x.shape, x.stride())
+    if rows is None or x.numel() == 0:  # H and W do not merge, or nothing to copy
         return x.contiguous(memory_format=torch.channels_last)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
-    return _transpose_into(x, y, (n, c, h * w), (stride_n, stride_c, stride_pixel))
+    return _transpose_into(x, y, *rows)
