@@ -747,3 +747,57 @@ def test_offsets_past_2_31_elements(layout):
     out = conv2d(x, w, padding=1)
     ref = F.conv2d(x[-2:].float(), w.float(), padding=1)
     torch.testing.assert_close(out[-2:].float(), ref, rtol=1e-2, atol=1e-2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Images of one row or one column. On the GPU Triton passes an integer argument equal to 1 as a
+# constant, so H = 1 or W = 1 reaches the kernel as a Python int: the channel-tiled kernel's
+# `H.to(...)` failed to compile there (found by the GPU run of the plan tests, 2026-11-25).
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
+@pytest.mark.parametrize("channels", [32, 3], ids=["channel-tiled", "flat-k"])
+@pytest.mark.parametrize("hw, kernel, padding", [((1, 9), (3, 3), 1), ((9, 1), (3, 3), 1),
+                                                 ((1, 9), (1, 3), (0, 1)), ((1, 1), (1, 1), 0)],
+                         ids=["one-row", "one-column", "one-row-1x3", "one-pixel"])
+def test_single_row_or_column_images(layout, channels, hw, kernel, padding):
+    x, w, b = make(2, channels, *hw, 8, *kernel, dtype=torch.float16, seed=seed_of(layout, hw))
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    check(conv2d(x, w, b, padding=padding), reference(x, w, b, padding=padding), torch.float16)
+
+
+_SM90_COMPILE = r"""
+import os, sys
+os.environ.pop("TRITON_INTERPRET", None)
+import torch
+torch.cuda.is_available = lambda: True  # compile for the GPU: no kernel is launched
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton_workshop.ops import conv
+
+fn = conv.conv2d_implicit_gemm_kernel.fn
+consts = dict(KH=3, KW=3, HAS_BIAS=True, CHANNEL_TILED=True, EVEN_CHANNELS=False,
+              X_PIXEL_MAJOR=False, Y_PIXEL_MAJOR=False, INPUT_PRECISION="ieee", DOT_IN_FP32=False,
+              BLOCK_M=128, BLOCK_N=64, BLOCK_K=32)
+for ones in (("H",), ("W", "OW"), ("H", "W", "OW", "OHW")):  # as a launch specialises them
+    sig, c = {}, dict(consts, **dict.fromkeys(ones, 1))
+    for name in fn.arg_names:
+        sig[name] = "constexpr" if name in c else ("*fp16" if name.endswith("_ptr") else "i32")
+    triton.compile(ASTSource(fn=fn, signature=sig, constexprs=c),
+                   target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, num_stages=3))
+print("ok")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tests launch the real thing")
+def test_channel_tiled_kernel_compiles_with_unit_height_or_width(tmp_path):
+    """The same on a machine without a GPU: the kernel compiled for an H100 with H, W (and OW,
+    OH * OW) passed as the constant 1, as a launch on a one-row or one-column image passes them."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _SM90_COMPILE], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=600)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]

@@ -367,8 +367,10 @@ def conv2d_implicit_gemm_kernel(
         corner = x_rows + ih0.to(tl.int64) * stride_xh + iw0.to(tl.int64) * stride_xw
         x_tile = _outer_add(corner, offs_k.to(tl.int64) * stride_xc, X_PIXEL_MAJOR)
         w_tile = w_filters[None, :] + (offs_k * stride_wk)[:, None]
-        height = H.to(tl.uint32)
-        width = W.to(tl.uint32)
+        # tl.cast, not H.to(): a launch with H (or W) equal to 1 passes it as a Python int
+        # constant (Triton specialises integer arguments equal to 1), which has no .to().
+        height = tl.cast(H, tl.uint32)
+        width = tl.cast(W, tl.uint32)
     else:
         k_steps = tl.cdiv(k_total, BLOCK_K)
     # (tap row, tap column, first channel) of the step: counters, not a division per step.
