@@ -423,11 +423,11 @@ def test_planned_channels_last_copy_matches_layout(make_x, monkeypatch):
     plan = conv_module._find_plan(x, w, (1, 1), (0, 0, 0, 0), (1, 1), 1, True)
     assert plan.to_channels_last
     expected = layout_module.to_channels_last(x)
-    copied = conv_module._copy_channels_last(x, plan)
+    copied = layout_module.copy_to_channels_last(x, *plan.transpose)
     assert copied.stride() == expected.stride() == plan.x_strides, (
         copied.stride(), expected.stride(), plan.x_strides, x.stride())
     assert torch.equal(copied, expected), (copied - expected).abs().max()
-    assert (plan.transpose is None) == (x.stride(2) != x.size(3) * x.stride(3) and x.size(2) > 1
+    assert (plan.transpose[0] is None) == (x.stride(2) != x.size(3) * x.stride(3) and x.size(2) > 1
                                         and x.size(3) > 1)
     check(conv2d(x, w, b), reference(x, w, b), torch.float32)
 
@@ -463,9 +463,9 @@ def test_plan_with_symbolic_sizes(channels, groups, channels_last, monkeypatch):
     assert [int(v) for v in symbolic.scalars[:-1]] == list(concrete.scalars[:-1])
     assert symbolic.consts == concrete.consts
     assert symbolic.to_channels_last == concrete.to_channels_last
-    if concrete.transpose is not None:
-        assert [int(v) for v in symbolic.transpose[1]] == list(concrete.transpose[1])
-        assert symbolic.transpose[2] == concrete.transpose[2]
+    if concrete.transpose is not None and concrete.transpose[0] is not None:
+        assert [int(v) for v in symbolic.transpose[0][1]] == list(concrete.transpose[0][1])
+        assert symbolic.transpose[0][2] == concrete.transpose[0][2]
 
 
 def test_cached_argument_checks_still_refuse():

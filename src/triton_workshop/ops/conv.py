@@ -618,9 +618,9 @@ class _ConvPlan:
     (``zero_fill``: the output is the bias, or zero). ``weight_strides``: the layout the kernel
     reads the weight in; a weight with other strides goes through ``relayout`` (a copy, or
     Tensor.contiguous finding it already fits). ``to_channels_last``: x is copied to channels-last
-    first (the GPU's NCHW path), by the ``transpose`` launch (see :func:`_transpose_launch`) or,
-    where that is None, by Tensor.contiguous; ``x_strides`` are the strides of x as the kernel
-    reads it. ``grid``, ``scalars``, ``consts``, ``prepared``: the arguments of
+    first (the GPU's NCHW path): ``transpose`` is ``(args, prepared)`` for
+    ``layout.copy_to_channels_last`` (args None: through Tensor.contiguous); ``x_strides`` are the
+    strides of x as the kernel reads it. ``grid``, ``scalars``, ``consts``, ``prepared``: the arguments of
     :func:`runtime.launch` (``prepared`` fills with the compiled launches, one per device and
     pointer alignment, on the GPU).
     """
@@ -646,18 +646,6 @@ def _meta(shape, strides=None, memory_format=torch.contiguous_format) -> torch.T
     if strides is not None:
         return torch.empty_strided(shape, strides, device="meta")
     return torch.empty(shape, device="meta", memory_format=memory_format)
-
-
-def _transpose_launch(shape, strides):
-    """``(grid, scalars, consts, prepared)`` of the tiled transpose that ``layout.to_channels_last``
-    launches for an NCHW-like x (x read as (N, C, H*W) into (N, H*W, C): channels-last memory),
-    worked out here once per plan rather than by to_channels_last's Python at every call. None
-    where to_channels_last copies through Tensor.contiguous instead: H and W do not merge into
-    one run of pixels, or x is empty."""
-    rows = layout.pixel_rows(shape, strides)
-    if rows is None or 0 in shape:
-        return None
-    return (*layout.transpose_args(*rows), {})
 
 
 def _weight_channels_last(weight: torch.Tensor) -> torch.Tensor:
@@ -725,7 +713,7 @@ def _plan(x_shape, x_strides, w_shape, dtype, geometry, groups, has_bias, precis
         # NCHW output itself.
         copy_x = not x_meta.is_contiguous(memory_format=torch.channels_last)
         if copy_x:
-            transpose = _transpose_launch(x_shape, x_strides)
+            transpose = (layout.channels_last_copy_args(x_shape, x_strides), {})
         x_strides = x_meta.contiguous(memory_format=torch.channels_last).stride()
         x_pixel_major = False
     channel_tiled = uses_channel_tiles(group_c)
@@ -817,20 +805,10 @@ def _conv2d(
         weight = plan.relayout(weight)
     with runtime.device_guard(x):
         if plan.to_channels_last:
-            x = _copy_channels_last(x, plan)
+            x = layout.copy_to_channels_last(x, *plan.transpose)
         runtime.launch(kernel, plan.grid, (x, weight, out, bias), plan.scalars, plan.consts,
                        plan.prepared)
     return out
-
-
-def _copy_channels_last(x: torch.Tensor, plan: _ConvPlan) -> torch.Tensor:
-    """``layout.to_channels_last(x)`` as the plan prepared it (under the caller's device guard)."""
-    if plan.transpose is None:
-        return x.contiguous(memory_format=torch.channels_last)
-    grid, scalars, consts, prepared = plan.transpose
-    x_cl = torch.empty_strided(x.shape, plan.x_strides, dtype=x.dtype, device=x.device)
-    runtime.launch(layout.transpose_kernel, grid, (x, x_cl), scalars, consts, prepared)
-    return x_cl
 
 
 # --------------------------------------------------------------------------------------------

@@ -102,21 +102,6 @@ def _transpose_into(x: torch.Tensor, y: torch.Tensor, shape, strides) -> torch.T
     return y
 
 
-def pixel_rows(shape, strides):
-    """``((N, C, H*W), strides)``: an (N, C, H, W) array read as channel rows of pixels, where H
-    and W merge into one axis of pixels (every contiguous NCHW tensor, and views that slice only
-    N or C); None where they do not."""
-    n, c, h, w = shape
-    stride_n, stride_c, stride_h, stride_w = strides
-    if w == 1:
-        stride_pixel = stride_h
-    elif h == 1 or stride_h == w * stride_w:
-        stride_pixel = stride_w
-    else:
-        return None
-    return (n, c, h * w), (stride_n, stride_c, stride_pixel)
-
-
 def _transpose_copy_fake(x: torch.Tensor) -> torch.Tensor:
     return x.new_empty((*x.shape[:-2], x.shape[-1], x.shape[-2]))
 
@@ -162,8 +147,36 @@ def to_channels_last(x: torch.Tensor) -> torch.Tensor:
     """
     if x.is_contiguous(memory_format=torch.channels_last):
         return x
-    rows = pixel_rows(x.shape, x.stride())
-    if rows is None or x.numel() == 0:  # H and W do not merge, or nothing to copy
+    with runtime.device_guard(x):
+        return copy_to_channels_last(x, channels_last_copy_args(x.shape, x.stride()))
+
+
+def channels_last_copy_args(shape, strides):
+    """``(grid, scalar args, constexprs)`` of the transpose that copies an (N, C, H, W) array of
+    ``shape`` and ``strides`` into channels-last memory, read as (N, C, H*W) into (N, H*W, C); None
+    where :func:`copy_to_channels_last` goes through ``Tensor.contiguous`` instead (H and W do not
+    merge into one axis of pixels, or nothing to copy). A launcher that plans its launches once
+    per shape (conv2d) keeps this and passes it to every call."""
+    n, c, h, w = shape
+    stride_n, stride_c, stride_h, stride_w = strides
+    if w == 1:
+        stride_pixel = stride_h
+    elif h == 1 or stride_h == w * stride_w:
+        stride_pixel = stride_w
+    else:
+        return None
+    if 0 in shape:
+        return None
+    return transpose_args((n, c, h * w), (stride_n, stride_c, stride_pixel))
+
+
+def copy_to_channels_last(x: torch.Tensor, args, prepared: dict | None = None) -> torch.Tensor:
+    """A channels-last copy of ``x`` through ``args`` from :func:`channels_last_copy_args` (for
+    ``x``'s shape and strides), under the caller's device guard. ``prepared``: a launch plan's
+    dict of ready launches (see ``runtime.launch``), or None."""
+    if args is None:
         return x.contiguous(memory_format=torch.channels_last)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
-    return _transpose_into(x, y, *rows)
+    grid, scalars, consts = args
+    runtime.launch(transpose_kernel, grid, (x, y), scalars, consts, prepared)
+    return y
