@@ -208,7 +208,7 @@ def test_strided_bias():
 
 
 class LaunchRecorder:
-    """Stands in for runtime.launch (every conv launch goes through it): records each launch's
+    """Stands in for runtime.launch_kernel (every conv launch goes through it): records each launch's
     kernel, arguments (tensors, then scalars), constexprs and plan parts, then launches it for
     real."""
 
@@ -232,8 +232,8 @@ class LaunchRecorder:
 
 @pytest.fixture
 def recorder(monkeypatch):
-    recorder = LaunchRecorder(runtime.launch)
-    monkeypatch.setattr(runtime, "launch", recorder)
+    recorder = LaunchRecorder(runtime.launch_kernel)
+    monkeypatch.setattr(runtime, "launch_kernel", recorder)
     return recorder
 
 
@@ -511,7 +511,7 @@ def test_every_gemm_config(config, via_channels_last, monkeypatch):
     monkeypatch.setattr(conv_module.conv2d_implicit_gemm_kernel, "configs", [config])
     # On the GPU a launch with the same shapes would otherwise repeat the kernel compiled for the
     # first config (the plan's prepared launch, FastLaunch's cache): through Triton every time.
-    monkeypatch.setattr(runtime, "FAST_LAUNCH", False)
+    monkeypatch.setattr(runtime.launch, "FAST_LAUNCH", False)
     monkeypatch.setattr(conv_module, "NCHW_VIA_CHANNELS_LAST", via_channels_last)
     for name, shape, kwargs in CONFIG_CASES:
         x, w, b = make(*shape, groups=groups_of(kwargs), seed=seed_of(name, str(config)))

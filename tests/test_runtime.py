@@ -189,7 +189,7 @@ def test_autotune_keeps_first_config_in_interpreter():
 def test_autotune_off_on_gpu_takes_the_first_config_pruning_keeps(monkeypatch):
     # TRITON_WORKSHOP_AUTOTUNE=0 on a GPU: not blindly configs[0] (it may not fit the shape, as a
     # D = 256 attention tile overflows shared memory) but the first config the pruning keeps.
-    monkeypatch.setattr(runtime, "INTERPRET", False)
+    monkeypatch.setattr(runtime.mode, "INTERPRET", False)
     monkeypatch.setenv("TRITON_WORKSHOP_AUTOTUNE", "0")
 
     def prune(configs, named_args, **kwargs):
@@ -330,7 +330,7 @@ class _FakeAutotuner(_FakeJit):
 
 @pytest.fixture
 def fast_launch(monkeypatch):
-    monkeypatch.setattr(runtime, "FAST_LAUNCH", True)
+    monkeypatch.setattr(runtime.launch, "FAST_LAUNCH", True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 7, raising=False)
 
@@ -392,30 +392,30 @@ def test_fast_launch_hooks_and_failures_fall_back_to_triton(fast_launch, monkeyp
     broken.compiled = object()  # not a CompiledKernel: the fast path switches itself off
     with pytest.warns(RuntimeWarning, match="fast kernel launches disabled"):
         runtime.FastLaunch(broken)[(1,)](x)
-    assert runtime.FAST_LAUNCH is False
+    assert runtime.launch.FAST_LAUNCH is False
 
 
 # --------------------------------------------------------------------------------------------
-# runtime.launch: a launcher's plan keeps its launches ready to repeat (PreparedLaunch).
+# runtime.launch_kernel: a launcher's plan keeps its launches ready to repeat (PreparedLaunch).
 # --------------------------------------------------------------------------------------------
 @pytest.fixture
 def direct(monkeypatch):
-    monkeypatch.setattr(runtime._direct, "on", True, raising=False)
+    monkeypatch.setattr(runtime.registry._direct, "on", True, raising=False)
 
 
 def test_launch_repeats_a_prepared_launch_per_device_and_alignment(fast_launch, direct):
     k = _FakeJit(["x_ptr", "y_ptr", "n", "BLOCK"])
     prepared: dict = {}
     x, y = torch.zeros(64), torch.zeros(64)
-    runtime.launch(k, (4,), (x, y), (100,), {"BLOCK": 32}, prepared)
-    runtime.launch(k, (4,), (y, x), (100,), {"BLOCK": 32}, prepared)  # other tensors, same plan
+    runtime.launch_kernel(k, (4,), (x, y), (100,), {"BLOCK": 32}, prepared)
+    runtime.launch_kernel(k, (4,), (y, x), (100,), {"BLOCK": 32}, prepared)  # other tensors, same plan
     assert [e[0] for e in k.log] == ["triton", "fast"]
     assert k.log[1][1] == (4, 1, 1) and k.log[1][2] == (y, x, 100, 32)
     assert len(prepared) == 1
     # A pointer that is not 16-byte aligned is another specialisation: Triton again, then its
     # own prepared launch.
-    runtime.launch(k, (4,), (x[1:], y), (100,), {"BLOCK": 32}, prepared)
-    runtime.launch(k, (4,), (y[1:], x), (100,), {"BLOCK": 32}, prepared)
+    runtime.launch_kernel(k, (4,), (x[1:], y), (100,), {"BLOCK": 32}, prepared)
+    runtime.launch_kernel(k, (4,), (y[1:], x), (100,), {"BLOCK": 32}, prepared)
     assert [e[0] for e in k.log[2:]] == ["triton", "fast"]
     assert len(prepared) == 2
 
@@ -423,15 +423,15 @@ def test_launch_repeats_a_prepared_launch_per_device_and_alignment(fast_launch, 
 def test_launch_without_a_plan_or_when_traced_goes_through_wrap_triton(fast_launch, monkeypatch):
     k = _FakeJit(["x_ptr"])
     x = torch.zeros(8)
-    monkeypatch.setattr(runtime._direct, "on", True, raising=False)
-    runtime.launch(k, (1,), (x,), (), {}, None)  # no plan: FastLaunch's own key, each call
-    runtime.launch(k, (1,), (x,), (), {}, None)
+    monkeypatch.setattr(runtime.registry._direct, "on", True, raising=False)
+    runtime.launch_kernel(k, (1,), (x,), (), {}, None)  # no plan: FastLaunch's own key, each call
+    runtime.launch_kernel(k, (1,), (x,), (), {}, None)
     assert [e[0] for e in k.log] == ["triton", "fast"]
     seen = []
-    monkeypatch.setattr(runtime._direct, "on", False)  # as while tracing
-    monkeypatch.setattr(runtime, "wrap_triton", lambda kernel: seen.append(kernel) or kernel)
+    monkeypatch.setattr(runtime.registry._direct, "on", False)  # as while tracing
+    monkeypatch.setattr(runtime.registry, "wrap_triton", lambda kernel: seen.append(kernel) or kernel)
     prepared: dict = {}
-    runtime.launch(k, (1,), (x,), (), {}, prepared)
+    runtime.launch_kernel(k, (1,), (x,), (), {}, prepared)
     assert seen == [k] and not prepared
 
 
@@ -439,7 +439,7 @@ def test_prepared_launch_falls_back_to_triton_when_the_direct_call_fails(fast_la
     k = _FakeJit(["x_ptr"])
     prepared: dict = {}
     x = torch.zeros(8)
-    runtime.launch(k, (1,), (x,), (), {}, prepared)
+    runtime.launch_kernel(k, (1,), (x,), (), {}, prepared)
 
     def broken_run(*args):
         raise RuntimeError("launcher changed")
@@ -448,9 +448,9 @@ def test_prepared_launch_falls_back_to_triton_when_the_direct_call_fails(fast_la
     (launch,) = prepared.values()
     launch.entry = (*launch.entry[:3], broken_run, launch.entry[4])
     with pytest.warns(RuntimeWarning, match="fast kernel launches disabled"):
-        runtime.launch(k, (1,), (x,), (), {}, prepared)
+        runtime.launch_kernel(k, (1,), (x,), (), {}, prepared)
     assert [e[0] for e in k.log] == ["triton", "triton"]
-    assert runtime.FAST_LAUNCH is False
+    assert runtime.launch.FAST_LAUNCH is False
 
 
 def test_eager_backward_is_false_while_building_a_graph_for_double_backward():

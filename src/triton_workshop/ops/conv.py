@@ -607,7 +607,7 @@ def _conv2d_fake(x, weight, bias, stride, padding, dilation, groups):
 # memory format, K loop, weight layout, the kernels' scalar and constexpr arguments), and then
 # FastLaunch built a key over all 36 of the kernel's arguments to find the kernel it launched
 # last time. A plan does all of that once per such combination and keeps its launch ready to
-# repeat (runtime.launch), so a call only looks the plan up, allocates the output, copies what
+# repeat (runtime.launch_kernel), so a call only looks the plan up, allocates the output, copies what
 # must be copied and launches.
 # --------------------------------------------------------------------------------------------
 class _ConvPlan:
@@ -621,7 +621,7 @@ class _ConvPlan:
     first (the GPU's NCHW path): ``transpose`` is ``(args, prepared)`` for
     ``layout.copy_to_channels_last`` (args None: through Tensor.contiguous); ``x_strides`` are the
     strides of x as the kernel reads it. ``grid``, ``scalars``, ``consts``, ``prepared``: the arguments of
-    :func:`runtime.launch` (``prepared`` fills with the compiled launches, one per device and
+    :func:`runtime.launch_kernel` (``prepared`` fills with the compiled launches, one per device and
     pointer alignment, on the GPU).
     """
 
@@ -806,7 +806,7 @@ def _conv2d(
     with runtime.device_guard(x):
         if plan.to_channels_last:
             x = layout.copy_to_channels_last(x, *plan.transpose)
-        runtime.launch(kernel, plan.grid, (x, weight, out, bias), plan.scalars, plan.consts,
+        runtime.launch_kernel(kernel, plan.grid, (x, weight, out, bias), plan.scalars, plan.consts,
                        plan.prepared)
     return out
 

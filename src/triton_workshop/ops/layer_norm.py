@@ -389,7 +389,7 @@ def layer_norm_forward(
         n_rows, n_cols, eps, (x.dtype, w.dtype, b.dtype), weight is not None, bias is not None,
         _forward_knobs())
     with runtime.device_guard(x):
-        runtime.launch(kernel, grid, (x, w, b, y, mean, rstd), scalars, consts, prepared)
+        runtime.launch_kernel(kernel, grid, (x, w, b, y, mean, rstd), scalars, consts, prepared)
     return y, mean, rstd
 
 
@@ -583,7 +583,7 @@ def _backward_launches(plan, dy, x, w, mean, rstd, n_cols, need_dx, need_dw, nee
         "sum": (dw_partial, db_partial, dw, db),
     }
     for name, (kernel, grid, scalars, consts, prepared) in launches.items():
-        runtime.launch(kernel, grid, operands[name], scalars, consts, prepared)
+        runtime.launch_kernel(kernel, grid, operands[name], scalars, consts, prepared)
     return dx, dw, db
 
 

@@ -173,10 +173,10 @@ def channels_last_copy_args(shape, strides):
 def copy_to_channels_last(x: torch.Tensor, args, prepared: dict | None = None) -> torch.Tensor:
     """A channels-last copy of ``x`` through ``args`` from :func:`channels_last_copy_args` (for
     ``x``'s shape and strides), under the caller's device guard. ``prepared``: a launch plan's
-    dict of ready launches (see ``runtime.launch``), or None."""
+    dict of ready launches (see ``runtime.launch_kernel``), or None."""
     if args is None:
         return x.contiguous(memory_format=torch.channels_last)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
     grid, scalars, consts = args
-    runtime.launch(transpose_kernel, grid, (x, y), scalars, consts, prepared)
+    runtime.launch_kernel(transpose_kernel, grid, (x, y), scalars, consts, prepared)
     return y

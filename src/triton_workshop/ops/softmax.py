@@ -300,7 +300,7 @@ def _plan(shape, dim: int, all_strides, dtype, backward: bool, knobs: tuple):
     ``(single_block, grid, scalar args, constexpr args, prepared launches)``, or None if a tensor
     needs a copy. Cached: a training loop calls softmax on the same few shapes, and on a slow
     host the Python that works this out costs as much as the kernel's launch. The plan's own
-    dict keeps its launches ready to repeat (:func:`runtime.launch`)."""
+    dict keeps its launches ready to repeat (:func:`runtime.launch_kernel`)."""
     single_block_max, backward_single_block_max, chunk_cols, tile_elems, max_rows, reload_min = knobs
     if backward:
         single_block_max = backward_single_block_max
@@ -362,7 +362,7 @@ def _launch(single_block_kernel, online_kernel, dim: int, *tensors: torch.Tensor
 def _launch_plan(plan, single_block_kernel, online_kernel, tensors) -> None:
     single_block, grid, scalars, consts, prepared = plan
     kernel = single_block_kernel if single_block else online_kernel
-    runtime.launch(kernel, grid, tensors, scalars, consts, prepared)
+    runtime.launch_kernel(kernel, grid, tensors, scalars, consts, prepared)
 
 
 @register_op("softmax_forward", fake=_softmax_forward_fake)

@@ -57,6 +57,17 @@ class Case:
     dtype_note: str = ""
 
 
+@dataclass(frozen=True)
+class Suspect:
+    """A classic mistake, recognised by its output: ``output(case)`` computes what a kernel with
+    this bug would return on the case's inputs; when the learner's result matches it (and not
+    the reference), the checker names the bug and gives ``advice``."""
+
+    name: str
+    advice: str
+    output: Callable[[Case], torch.Tensor]
+
+
 @dataclass
 class Task:
     """One launcher an exercise asks for."""
@@ -68,6 +79,7 @@ class Task:
     program_axes: Sequence[str]
     leading_axis: str | None = None  # a grid axis over the leading dim (channels), if any
     matmul_operands: bool = False
+    suspects: Sequence[Suspect] = ()  # classic mistakes recognised by their output
 
 
 @dataclass

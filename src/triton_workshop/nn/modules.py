@@ -21,11 +21,11 @@ import numbers
 import torch
 from torch import nn
 
-from .ops.attention import attention
-from .ops.layer_norm import layer_norm
-from .ops.layer_norm_linear import layer_norm_linear
-from .ops.matmul import _check_activation, linear
-from .ops.softmax import softmax
+from ..ops.attention import attention
+from ..ops.layer_norm import layer_norm
+from ..ops.layer_norm_linear import layer_norm_linear
+from ..ops.matmul import _check_activation, linear
+from ..ops.softmax import softmax
 
 
 class LayerNorm(nn.Module):

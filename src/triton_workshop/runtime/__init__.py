@@ -1,0 +1,55 @@
+"""Where kernels run, and what every launcher needs before it launches one.
+
+One job per file; this face re-exports what the ops use:
+
+* :mod:`.mode` - interpreter or GPU, decided once, before any kernel is decorated (imported first);
+* :mod:`.checks` - argument checks naming the argument, before anything launches;
+* :mod:`.tiling` - integer helpers, autotuning, block/warp heuristics;
+* :mod:`.launch` - the only door to Triton's private API (direct launches of compiled kernels);
+* :mod:`.registry` - the only door to torch's dispatch internals (registered ops, eager fast path).
+"""
+
+from . import mode  # first: sets TRITON_INTERPRET before Triton decorates anything
+
+from .mode import DEVICE, INTERPRET, INTERPRET_REASON, mode_description  # noqa: E402
+from .checks import (  # noqa: E402
+    FLOAT_DTYPES,
+    check_kernel_device,
+    check_same_device,
+    check_same_dtype,
+    check_tensor,
+)
+from .tiling import (  # noqa: E402
+    RowTile,
+    acc_dtype,
+    autotune,
+    cdiv,
+    chunk_tile,
+    next_power_of_2,
+    num_sms,
+    num_warps_for,
+    row_tile,
+)
+from . import launch  # noqa: E402
+from .launch import FastLaunch, PreparedLaunch, device_guard, fast_launcher  # noqa: E402
+from . import registry  # noqa: E402
+from .registry import (  # noqa: E402
+    RegisteredOp,
+    eager_backward,
+    launch_directly,
+    launch_kernel,
+    launching_directly,
+    register_op,
+    wrap_triton,
+)
+
+__all__ = [
+    "mode", "launch", "registry",
+    "DEVICE", "INTERPRET", "INTERPRET_REASON", "mode_description",
+    "FLOAT_DTYPES", "check_kernel_device", "check_same_device", "check_same_dtype", "check_tensor",
+    "RowTile", "acc_dtype", "autotune", "cdiv", "chunk_tile", "next_power_of_2", "num_sms",
+    "num_warps_for", "row_tile",
+    "FastLaunch", "PreparedLaunch", "device_guard", "fast_launcher",
+    "RegisteredOp", "eager_backward", "launch_directly", "launch_kernel", "launching_directly",
+    "register_op", "wrap_triton",
+]
