@@ -325,3 +325,49 @@ def test_eager_backward_takes_the_plan_made_in_the_forward(path, monkeypatch, af
     # Only some gradients asked for: the plan follows needs_input_grad.
     _check(x.detach(), 40, w, b)
     assert calls == [1, 1] if affine else calls == [1]
+
+
+# --------------------------------------------------------------------------------------------
+# Numerics at any mean: rows far from zero, constant rows, float64 all the way.
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("ratio", [1.0, 1e2, 1e3, 1e4])
+def test_error_within_twice_pytorchs_at_any_mean(path, dtype, ratio):
+    """|mean| / std up to 1e4 (a residual stream with an offset): the error against float64 is
+    at most twice PyTorch's own on the same input (plus a rounding floor for rows where PyTorch
+    happens to be exact). A plain sum loses the row's digits to its offset."""
+    x = _randn(16, 300, dtype=dtype, seed=11, shift=ratio)
+    w = _randn(300, seed=12, shift=1.0)
+    b = _randn(300, seed=13)
+    ref = F.layer_norm(x.double(), (300,), w.double(), b.double(), 1e-5)
+    ours = (layer_norm(x, (300,), w, b).double() - ref).abs().max().item()
+    theirs = (F.layer_norm(x.cpu().float(), (300,), w.cpu(), b.cpu()).to(dtype).double()
+              - ref.cpu()).abs().max().item()
+    floor = 4 * torch.finfo(dtype).eps * ref.abs().max().item()
+    assert ours <= max(2 * theirs, floor), (ours, theirs)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("value", [100.7, -3.3e4, 1e-3])
+def test_constant_rows_return_the_bias(path, dtype, value):
+    """Every element of a row equal: the variance is exactly 0 and PyTorch returns the bias
+    exactly; so does layer_norm (a rounding-noise variance would give bias + noise / sqrt(eps))."""
+    x = torch.full((5, 77), value, dtype=dtype, device=DEVICE)
+    w = _randn(77, seed=1, shift=1.0)
+    b = _randn(77, seed=2)
+    y = layer_norm(x, (77,), w, b)
+    expected = b.to(dtype).expand_as(y)
+    if INTERPRET and dtype == torch.bfloat16:
+        # The interpreter truncates fp32 -> bf16 where the GPU rounds to nearest (INTERPRETER.md):
+        # one bf16 ulp of difference from the rounded bias, no more.
+        torch.testing.assert_close(y, expected, atol=0, rtol=2**-7)
+    else:
+        assert torch.equal(y, expected), (y - b).abs().max()
+
+
+def test_float64_keeps_eps_in_float64(path):
+    """float64 computes in float64, eps included (a float32 eps is off by ~1e-8 relative)."""
+    x = _randn(6, 40, dtype=torch.float64, seed=5, scale=1e-2)
+    for eps in (1e-3, 1.1e-5, 0.1):
+        torch.testing.assert_close(layer_norm(x, (40,), eps=eps),
+                                   F.layer_norm(x, (40,), eps=eps), atol=1e-14, rtol=1e-13)

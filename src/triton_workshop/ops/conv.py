@@ -845,6 +845,17 @@ def _conv2d_backward(ctx, grad):
     x, weight = ctx.saved_tensors
     stride, padding, dilation, groups = ctx.stride, ctx.padding, ctx.dilation, ctx.groups
     grad_x = grad_w = grad_bias = None
+    if grad.numel() == 0 or x.numel() == 0 or weight.numel() == 0:
+        # Some dimension is 0 (no filters, no images, no pixels, no channels): every sum behind
+        # a gradient is empty, so the gradients are zeros. cuDNN/ATen's grad helpers refuse
+        # several of these shapes (zero filters), so answer before reaching them.
+        if ctx.needs_input_grad[0]:
+            grad_x = torch.zeros_like(x)
+        if ctx.needs_input_grad[1]:
+            grad_w = torch.zeros_like(weight)
+        if ctx.has_bias and ctx.needs_input_grad[2]:  # the bias still reached every output
+            grad_bias = grad.sum(dim=(0, 2, 3), dtype=torch.float32).to(grad.dtype)
+        return grad_x, grad_w, grad_bias, None, None, None, None
     symmetric = padding[0] == padding[1] and padding[2] == padding[3]
     if ctx.needs_input_grad[0]:
         if stride[0] == 1 and stride[1] == 1:

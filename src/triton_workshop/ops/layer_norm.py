@@ -109,7 +109,7 @@ DWDB_STAGES = 3
 @triton.jit
 def layer_norm_fwd_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
-    n_rows, n_cols, eps,
+    n_rows, n_cols, eps: tl.float64,
     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
     ACC: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
 ):
@@ -120,13 +120,18 @@ def layer_norm_fwd_kernel(
     col_mask = cols < n_cols
     mask = row_mask[:, None] & col_mask[None, :]
     offs = rows[:, None] * n_cols + cols[None, :]  # int64: rows * n_cols may pass 2**31
-    # Padding reads 0: it adds nothing to the sum; for the variance it is masked explicitly.
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(ACC)
-    mean = tl.sum(x, axis=1) / n_cols
-    centred = tl.where(mask, x - mean[:, None], 0.0)
+    # Statistics of x - x[row, 0]: with |mean| >> std a plain sum loses the row's digits to its
+    # offset (a constant row would get a variance of rounding noise and y != bias). Each shifted
+    # value is exact (Sterbenz) and of the size of the spread; masked lanes count as 0.
+    shift = tl.load(x_ptr + rows * n_cols, mask=row_mask, other=0.0).to(ACC)
+    shifted = tl.where(mask, x - shift[:, None], 0.0)
+    mean_shifted = tl.sum(shifted, axis=1) / n_cols
+    centred = tl.where(mask, shifted - mean_shifted[:, None], 0.0)
     var = tl.sum(centred * centred, axis=1) / n_cols
-    # Cast: Inductor passes Python floats as fp64, which would promote the whole row.
-    rstd = 1.0 / tl.sqrt(var + tl.cast(eps, ACC))
+    # eps arrives as fp64 and is rounded once to ACC (fp64 rows keep all of it).
+    rstd = 1.0 / tl.sqrt(var + tl.full([], eps, ACC))
+    mean = shift + mean_shifted
     y = centred * rstd[:, None]
     if HAS_WEIGHT:
         y = y * tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(ACC)[None, :]
@@ -138,12 +143,12 @@ def layer_norm_fwd_kernel(
 
 
 @triton.jit
-def _chunk_moments(x_row, start, n_cols, ACC: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Count, mean and sum of squared deviations of one chunk of a row (exact, two-pass in
-    registers)."""
+def _chunk_moments(x_row, start, n_cols, shift, ACC: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Count, mean and sum of squared deviations of one chunk of a row, shifted by ``shift``
+    (exact, two-pass in registers)."""
     cols = start + tl.arange(0, BLOCK_N)
     mask = cols < n_cols
-    x = tl.load(x_row + cols, mask=mask, other=0.0).to(ACC)
+    x = tl.where(mask, tl.load(x_row + cols, mask=mask, other=0.0).to(ACC) - shift, 0.0)
     count = tl.minimum(n_cols - start, BLOCK_N).to(ACC)
     mean = tl.sum(x, axis=0) / count
     centred = tl.where(mask, x - mean, 0.0)
@@ -153,7 +158,7 @@ def _chunk_moments(x_row, start, n_cols, ACC: tl.constexpr, BLOCK_N: tl.constexp
 @triton.jit
 def layer_norm_fwd_chunked_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
-    n_cols, eps,
+    n_cols, eps: tl.float64,
     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
     ACC: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
@@ -163,24 +168,27 @@ def layer_norm_fwd_chunked_kernel(
     y_row = y_ptr + row * n_cols
 
     # Chan's update merges (count, mean, M2) of the row so far with those of the next chunk; M2
-    # is a sum of squared deviations from a mean, never a difference of large sums.
-    count, mean, m2 = _chunk_moments(x_row, 0, n_cols, ACC, BLOCK_N)
+    # is a sum of squared deviations from a mean, never a difference of large sums. All of it
+    # on x - x[0], as in the single-block kernel (a row's offset costs no digits).
+    shift = tl.load(x_row).to(ACC)
+    count, mean, m2 = _chunk_moments(x_row, 0, n_cols, shift, ACC, BLOCK_N)
     for start in range(BLOCK_N, n_cols, BLOCK_N):
-        chunk_count, chunk_mean, chunk_m2 = _chunk_moments(x_row, start, n_cols, ACC, BLOCK_N)
+        chunk_count, chunk_mean, chunk_m2 = _chunk_moments(x_row, start, n_cols, shift, ACC,
+                                                           BLOCK_N)
         total = count + chunk_count
         delta = chunk_mean - mean
         mean += delta * (chunk_count / total)
         m2 += chunk_m2 + delta * delta * (count * chunk_count / total)
         count = total
-    rstd = 1.0 / tl.sqrt(m2 / n_cols + tl.cast(eps, ACC))
-    tl.store(mean_ptr + row, mean)
+    rstd = 1.0 / tl.sqrt(m2 / n_cols + tl.full([], eps, ACC))
+    tl.store(mean_ptr + row, shift + mean)
     tl.store(rstd_ptr + row, rstd)
 
     for start in range(0, n_cols, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         mask = cols < n_cols
         x = tl.load(x_row + cols, mask=mask, other=0.0).to(ACC)
-        y = (x - mean) * rstd
+        y = ((x - shift) - mean) * rstd
         if HAS_WEIGHT:
             y = y * tl.load(w_ptr + cols, mask=mask, other=0.0).to(ACC)
         if HAS_BIAS:

@@ -793,8 +793,10 @@ def _matmul_backward(ctx, grad):
         if b.dim() == 2 and a.dim() == 3:
             # b was shared by every batch: one (K, B*M) @ (B*M, N) product sums over the batch
             # inside the fp32 accumulator instead of materialising B partial gradients.
+            # Explicit row counts: reshape(-1, 0) is ambiguous when K or N is 0.
             K, N = b.shape
-            grad_b = matmul(a.reshape(-1, K).t(), grad_z.reshape(-1, N))
+            rows = a.shape[0] * a.shape[1]
+            grad_b = matmul(a.reshape(rows, K).t(), grad_z.reshape(rows, N))
         else:
             grad_b = matmul(a.transpose(-1, -2), grad_z).sum_to_size(b.shape)
     if bias is not None and ctx.needs_input_grad[2]:
