@@ -398,15 +398,15 @@ def test_tf32_setting_read_through_new_api():
     try:
         torch.backends.cuda.matmul.fp32_precision = "tf32"
         assert tf32_enabled()
-        assert matmul_module._input_precision(torch.float32) == "tf32"
-        assert matmul_module._input_precision(torch.float16) == "ieee"
+        assert matmul_module.input_precision(torch.float32) == "tf32"
+        assert matmul_module.input_precision(torch.float16) == "ieee"
         # "none" inherits from the parent setting.
         torch.backends.cuda.matmul.fp32_precision = "none"
         torch.backends.fp32_precision = "tf32"
         assert tf32_enabled()
         torch.backends.cuda.matmul.fp32_precision = "ieee"
         assert not tf32_enabled()
-        assert matmul_module._input_precision(torch.float32) == "ieee"
+        assert matmul_module.input_precision(torch.float32) == "ieee"
     finally:
         torch.backends.fp32_precision, torch.backends.cuda.matmul.fp32_precision = saved
 
@@ -634,23 +634,22 @@ def registers(ptx):
     spills = re.search(r"(\d+) bytes spill stores", done.stderr)
     return int(re.search(r"Used (\d+) registers", done.stderr).group(1)), int(spills.group(1))
 
-def matmul_counts(M, N, K, ln=False):
-    # ln: layer_norm_linear's product, x @ W'ᵀ with W' (N, K) K-contiguous and its epilogue.
+def matmul_counts(M, N, K, linear=False):
+    # linear: F.linear's product, x @ Wᵀ with W (N, K) K-contiguous, and a bias.
     a = torch.empty(M, -(-K // 16) * 16, dtype=torch.float16, device="meta")[:, :K]
-    if ln:
+    if linear:
         b = torch.empty(N, -(-K // 16) * 16, dtype=torch.float16, device="meta")[:, :K].t()
     else:
         b = torch.empty(K, -(-N // 16) * 16, dtype=torch.float16, device="meta")[:, :N]
     out = torch.empty(M, N, dtype=torch.float16, device="meta")
     assert mm._is_aligned(a) and mm._is_aligned(b)  # what _aligned hands the kernel
-    args = dict(a_ptr="*fp16", b_ptr="*fp16", c_ptr="*fp16", bias_ptr="*fp32" if ln else "*fp16",
-                mean_ptr="*fp32", rstd_ptr="*fp32", c1_ptr="*fp32", M=M, N=N, K=K,
+    args = dict(a_ptr="*fp16", b_ptr="*fp16", c_ptr="*fp16", bias_ptr="*fp16", M=M, N=N, K=K,
                 stride_ab=0, stride_am=a.stride(0), stride_ak=a.stride(1),
                 stride_bb=0, stride_bk=b.stride(0), stride_bn=b.stride(1),
                 stride_cb=0, stride_cm=out.stride(0), stride_cn=out.stride(1), stride_bias=1,
                 slope=0.01, M_BUCKET=8192, N_BUCKET=8192, K_BUCKET=8192)
     config = mm.CONFIGS[0]
-    constexprs = dict(HAS_BIAS=ln, LN_EPILOGUE=ln, ACTIVATION="none", INPUT_PRECISION="ieee",
+    constexprs = dict(HAS_BIAS=linear, ACTIVATION="none", INPUT_PRECISION="ieee",
                       DOT_IN_FP32=False,
                       A_M_GRAIN=mm._grain(a, -2), A_K_GRAIN=mm._grain(a, -1),
                       B_K_GRAIN=mm._grain(b, -2), B_N_GRAIN=mm._grain(b, -1),
@@ -677,14 +676,15 @@ assert {k: ragged[k] for k in same} == {k: aligned[k] for k in same}, (ragged, a
 assert ragged["narrow_loads"] == 0, ragged
 assert ragged["regs"] <= max(128, aligned["regs"]) and ragged["spills"] == 0, ragged
 
-# layer_norm_linear's product: the LayerNorm epilogue leaves the main loop's pipeline alone
-# (its vector loads come after it), aligned or ragged, and spills nothing.
-ln_aligned, ln_ragged = matmul_counts(4096, 4096, 4096, ln=True), matmul_counts(5012, 2100, 7777, ln=True)
-print("ln_aligned", ln_aligned, "ln_ragged", ln_ragged)
+# F.linear's product (K-major B, a bias in the epilogue): the same pipeline, aligned or ragged,
+# and no spills.
+lin_aligned, lin_ragged = (matmul_counts(4096, 4096, 4096, linear=True),
+                           matmul_counts(5012, 2100, 7777, linear=True))
+print("lin_aligned", lin_aligned, "lin_ragged", lin_ragged)
 pipeline = ("cp16", "narrow_cp", "wgmma", "shared")
-assert {k: ln_aligned[k] for k in pipeline} == {k: aligned[k] for k in pipeline}, ln_aligned
-assert {k: ln_ragged[k] for k in pipeline} == {k: aligned[k] for k in pipeline}, ln_ragged
-assert ln_aligned["spills"] == 0 and ln_ragged["spills"] == 0, (ln_aligned, ln_ragged)
+assert {k: lin_aligned[k] for k in pipeline} == {k: aligned[k] for k in pipeline}, lin_aligned
+assert {k: lin_ragged[k] for k in pipeline} == {k: aligned[k] for k in pipeline}, lin_ragged
+assert lin_aligned["spills"] == 0 and lin_ragged["spills"] == 0, (lin_aligned, lin_ragged)
 
 pad = compile_sm90(mm.pad_copy_kernel,
                    dict(src_ptr="*fp16", dst_ptr="*fp16", rows=5012, cols=7777, cols_padded=7792,

@@ -31,9 +31,6 @@ N) wrapped around to the start instead of masked; those land only in results nev
 
 The epilogue (``+ bias``, then ReLU / leaky ReLU / GELU) runs on the fp32 accumulator before the
 single store: ``act(A @ B + bias)`` costs one write of C instead of three passes over it.
-:mod:`~triton_workshop.ops.layer_norm_linear` turns on one more step before the bias
-(``LN_EPILOGUE``: a LayerNorm of A's rows, applied to the product instead of to A), and so runs
-on this same tuned main loop; off, it compiles to nothing.
 
 Numerics: products are accumulated in fp32 whatever the input dtype and rounded once, on the store.
 fp32 inputs follow PyTorch's TF32 setting (``torch.backends.cuda.matmul.allow_tf32``, or
@@ -198,21 +195,9 @@ def _mma(a, b, acc, INPUT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr):
 
 
 @triton.jit
-def _epilogue(acc, offs_m, offs_n, M, N, bias_ptr, stride_bias, mean_ptr, rstd_ptr, c1_ptr, slope,
-              HAS_BIAS: tl.constexpr, LN_EPILOGUE: tl.constexpr, ACTIVATION: tl.constexpr):
-    """``act(acc + bias)`` on the fp32 accumulator of the tile at rows ``offs_m``, columns
-    ``offs_n``; with ``LN_EPILOGUE``, ``act(rstd·acc − rstd·mean·c1 + bias)`` (see matmul_kernel)."""
-    if LN_EPILOGUE:
-        # A is the raw x and B the weight already scaled by ln_weight, c1 its column sums:
-        # rstd·(x @ B) − rstd·mean·c1 = ((x − mean)·rstd) @ B, the normalised rows never
-        # written. The mean part cancels exactly only because c1 sums the very B the tensor
-        # cores read (layer_norm_linear's docstring, "Numerics"). Loaded here, so the vectors
-        # hold no registers in the main loop. Rows past M read rstd 0: they are never stored.
-        in_m = offs_m < M
-        rstd = tl.load(rstd_ptr + offs_m, mask=in_m, other=0.0)
-        mean = tl.load(mean_ptr + offs_m, mask=in_m, other=0.0)
-        c1 = tl.load(c1_ptr + offs_n, mask=offs_n < N, other=0.0)
-        acc = acc * rstd[:, None] - (rstd * mean)[:, None] * c1[None, :]
+def _epilogue(acc, offs_n, N, bias_ptr, stride_bias, slope,
+              HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr):
+    """``act(acc + bias)`` on the fp32 accumulator of the tile at columns ``offs_n``."""
     if HAS_BIAS:
         bias = tl.load(bias_ptr + offs_n * stride_bias, mask=offs_n < N, other=0.0)
         acc += bias.to(tl.float32)[None, :]
@@ -222,14 +207,13 @@ def _epilogue(acc, offs_m, offs_n, M, N, bias_ptr, stride_bias, mean_ptr, rstd_p
 @runtime.autotune(
     configs=CONFIGS,
     # Buckets, not M/N/K: a new length in the same power-of-two bucket reuses the tuned config.
-    # The precision is in the key because TF32 and IEEE fp32 favour different tiles; the
-    # LayerNorm epilogue because its three extra vectors take registers a tile may not spare.
-    key=["M_BUCKET", "N_BUCKET", "K_BUCKET", "INPUT_PRECISION", "LN_EPILOGUE"],
+    # The precision is in the key because TF32 and IEEE fp32 favour different tiles.
+    key=["M_BUCKET", "N_BUCKET", "K_BUCKET", "INPUT_PRECISION"],
     prune_configs_by={"early_config_prune": prune_configs},
 )
 @triton.jit(do_not_specialize=["M_BUCKET", "N_BUCKET", "K_BUCKET"])
 def matmul_kernel(
-    a_ptr, b_ptr, c_ptr, bias_ptr, mean_ptr, rstd_ptr, c1_ptr,
+    a_ptr, b_ptr, c_ptr, bias_ptr,
     M, N, K,
     stride_ab, stride_am, stride_ak,
     stride_bb, stride_bk, stride_bn,
@@ -241,16 +225,13 @@ def matmul_kernel(
     B_K_GRAIN: tl.constexpr, B_N_GRAIN: tl.constexpr,
     INT32_TILE_OFFSETS: tl.constexpr,
     HAS_BIAS: tl.constexpr,
-    LN_EPILOGUE: tl.constexpr,
     ACTIVATION: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):  # fmt: skip
-    """``act(A @ B + bias)``, one output tile a program; with ``LN_EPILOGUE`` (2-D only),
-    ``act(rstd·(A @ B) − rstd·mean·c1 + bias)`` from fp32 ``mean``, ``rstd`` (one per row of A)
-    and ``c1`` (one per column), all contiguous: LayerNorm -> Linear (ops/layer_norm_linear.py).
+    """``act(A @ B + bias)``, one output tile a program.
 
     Each ``*_GRAIN`` (from :func:`_grain`) is the multiple of elements the kernel may round that
     operand dimension up to when it reads: the elements in 16 bytes along the contiguous dim of
@@ -311,8 +292,7 @@ def matmul_kernel(
         acc = _mma(a, b, acc, INPUT_PRECISION, DOT_IN_FP32)
 
     # Epilogue on the fp32 accumulator, before the one rounding to the output dtype.
-    acc = _epilogue(acc, offs_m, offs_n, M, N, bias_ptr, stride_bias, mean_ptr, rstd_ptr, c1_ptr,
-                    slope, HAS_BIAS, LN_EPILOGUE, ACTIVATION)
+    acc = _epilogue(acc, offs_n, N, bias_ptr, stride_bias, slope, HAS_BIAS, ACTIVATION)
 
     # One 64-bit address for the tile's corner, 32-bit offsets within it (INT32_TILE_OFFSETS:
     # the launcher checked they fit), masks against what is left of M and N past the corner.
@@ -333,13 +313,12 @@ def matmul_kernel(
 
 @triton.jit
 def matmul_tma_kernel(
-    a_desc, b_desc, c_desc, c_ptr, bias_ptr, mean_ptr, rstd_ptr, c1_ptr,
+    a_desc, b_desc, c_desc, c_ptr, bias_ptr,
     M, N, K,
     stride_cm, stride_bias,
     slope,
     A_K_MAJOR: tl.constexpr, B_K_MAJOR: tl.constexpr, C_TMA: tl.constexpr,
     HAS_BIAS: tl.constexpr,
-    LN_EPILOGUE: tl.constexpr,
     ACTIVATION: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
@@ -383,8 +362,7 @@ def matmul_tma_kernel(
             acc = _mma(a, b, acc, INPUT_PRECISION, DOT_IN_FP32)
         offs_m = off_m + tl.arange(0, BLOCK_M)
         offs_n = off_n + tl.arange(0, BLOCK_N)
-        acc = _epilogue(acc, offs_m, offs_n, M, N, bias_ptr, stride_bias, mean_ptr, rstd_ptr,
-                        c1_ptr, slope, HAS_BIAS, LN_EPILOGUE, ACTIVATION)  # fmt: skip
+        acc = _epilogue(acc, offs_n, N, bias_ptr, stride_bias, slope, HAS_BIAS, ACTIVATION)
         out = acc.to(c_ptr.dtype.element_ty)
         if C_TMA:
             c_desc.store([off_m, off_n], out)
@@ -558,14 +536,15 @@ def _grain(t: torch.Tensor, dim: int) -> int:
     return 1
 
 
-def _input_precision(dtype: torch.dtype) -> str:
+def input_precision(dtype: torch.dtype) -> str:
+    """The ``tl.dot`` precision a product of ``dtype`` operands runs in: "tf32" or "ieee"."""
     if dtype == torch.float32 and tf32_enabled():
         return "tf32"
     # fp32 with TF32 off; fp16 and bf16 dots are exact products either way.
     return "ieee"
 
 
-def _launch_matmul(
+def launch_matmul(
     a: torch.Tensor,
     b: torch.Tensor,
     out: torch.Tensor,
@@ -573,38 +552,32 @@ def _launch_matmul(
     bias: torch.Tensor | None = None,
     activation: str = "none",
     slope: float = 0.0,
-    ln_epilogue: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """``out = act(a @ b + bias)`` through :func:`matmul_kernel`; returns ``out``.
 
     What every caller needs between checked inputs and the launch, written once: the TF32
     operand layout, the aligned copies, the grid, the autotuning buckets, the grains. Shapes as
-    ``_out_shape`` gives them (``out`` of any strides), no dimension empty, K included.
-    ``ln_epilogue = (mean, rstd, c1)``, fp32 and contiguous, turns on the LayerNorm epilogue of
-    :mod:`~triton_workshop.ops.layer_norm_linear`: 2-D only, and never under TF32, which would
-    round the raw x whose mean the epilogue cancels (that module's docstring, "Numerics")."""
+    ``_out_shape`` gives them (``out`` of any strides), no dimension empty, K included. The
+    host function other op families call for a product (arguments already checked)."""
     M, K = a.shape[-2:]
     N = b.shape[-1]
     batch = out.shape[0] if out.dim() == 3 else 1
-    precision = _input_precision(a.dtype)
-    assert ln_epilogue is None or (out.dim() == 2 and precision != "tf32")
+    precision = input_precision(a.dtype)
     if precision == "tf32":
         a, b = _k_major(a, b)
     if ALIGN_OPERANDS:
         a, b = _aligned(a), _aligned(b)
     if _use_tma(a, b, out, precision):
-        return _launch_matmul_tma(a, b, out, bias=bias, activation=activation, slope=slope,
-                                  ln_epilogue=ln_epilogue)
-    # Placeholders are never read: their flags (HAS_BIAS, LN_EPILOGUE) are off.
+        return _launch_matmul_tma(a, b, out, bias=bias, activation=activation, slope=slope)
+    # A placeholder, never read: HAS_BIAS is off.
     bias_arg = bias if bias is not None else out
-    mean, rstd, c1 = ln_epilogue if ln_epilogue is not None else (out, out, out)
 
     def grid(meta):
         return (batch * triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
 
     with runtime.device_guard(a):
         wrap_triton(matmul_kernel)[grid](
-            a, b, out, bias_arg, mean, rstd, c1,
+            a, b, out, bias_arg,
             M, N, K,
             _batch_stride(a), a.stride(-2), a.stride(-1),
             _batch_stride(b), b.stride(-2), b.stride(-1),
@@ -616,7 +589,6 @@ def _launch_matmul(
             B_K_GRAIN=_grain(b, -2), B_N_GRAIN=_grain(b, -1),
             INT32_TILE_OFFSETS=bool(_MAX_BLOCK * (out.stride(-2) + out.stride(-1)) < 2**31),
             HAS_BIAS=bias is not None,
-            LN_EPILOGUE=ln_epilogue is not None,
             ACTIVATION=activation,
             INPUT_PRECISION=precision,
             DOT_IN_FP32=runtime.INTERPRET and a.dtype == torch.bfloat16,
@@ -680,8 +652,7 @@ def _descriptor(t: torch.Tensor, block: tuple[int, int]):
                             [block[1], block[0]])  # fmt: skip
 
 
-def _launch_matmul_tma(a, b, out, *, bias=None, activation="none", slope=0.0, ln_epilogue=None,
-                       config=None):
+def _launch_matmul_tma(a, b, out, *, bias=None, activation="none", slope=0.0, config=None):
     """``out = act(a @ b + bias)`` through :func:`matmul_tma_kernel` (see ``_use_tma``):
     ``a``, ``b`` 2-D and TMA-ready, ``out`` 2-D with a unit stride."""
     cfg = dict(TMA_CONFIG if config is None else config)
@@ -691,16 +662,15 @@ def _launch_matmul_tma(a, b, out, *, bias=None, activation="none", slope=0.0, ln
     c_tma = out.stride(1) == 1 and _tma_ready(out)
     sms = runtime.num_sms(a.device)
     grid = (min(sms, runtime.cdiv(M, bm) * runtime.cdiv(N, bn)),)
-    mean, rstd, c1 = ln_epilogue if ln_epilogue is not None else (out, out, out)
     with runtime.device_guard(a):
         wrap_triton(matmul_tma_kernel)[grid](
             _descriptor(a, (bm, bk)), _descriptor(b, (bk, bn)),
             _descriptor(out, (bm, bn)) if c_tma else None,
-            out, bias if bias is not None else out, mean, rstd, c1,
+            out, bias if bias is not None else out,
             M, N, K, out.stride(0), bias.stride(0) if bias is not None else 0, slope,
             A_K_MAJOR=a.stride(1) == 1, B_K_MAJOR=b.stride(1) != 1,  # as _descriptor lays them
             C_TMA=c_tma,
-            HAS_BIAS=bias is not None, LN_EPILOGUE=ln_epilogue is not None,
+            HAS_BIAS=bias is not None,
             ACTIVATION=activation, INPUT_PRECISION="ieee",
             DOT_IN_FP32=runtime.INTERPRET and a.dtype == torch.bfloat16,
             BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, NUM_SMS=sms, **cfg,
@@ -724,7 +694,7 @@ def _matmul_fake(a, b, bias, activation, slope):
 # --------------------------------------------------------------------------------------------
 # The registered op (inputs already validated by the public functions below).
 # --------------------------------------------------------------------------------------------
-@register_op("matmul", fake=_matmul_fake)
+@register_op("matmul", fake=_matmul_fake, autocast="lower_precision_fp")  # as torch.matmul
 def _matmul(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -749,7 +719,7 @@ def _matmul(
         return _activation_torch(z, activation, slope).to(a.dtype)
 
     out = a.new_empty(shape)
-    return _launch_matmul(a, b, out, bias=bias, activation=activation, slope=slope)
+    return launch_matmul(a, b, out, bias=bias, activation=activation, slope=slope)
 
 
 # --------------------------------------------------------------------------------------------
@@ -811,7 +781,7 @@ _matmul.register_autograd(_matmul_backward, setup_context=_matmul_setup_context)
 # --------------------------------------------------------------------------------------------
 # Public API.
 # --------------------------------------------------------------------------------------------
-def _check_activation(activation, leaky_relu_slope) -> str:
+def check_activation(activation, leaky_relu_slope) -> str:
     if activation is None or activation == "none":
         op_activation = "none"
     elif isinstance(activation, str) and activation in ACTIVATIONS:
@@ -848,9 +818,10 @@ def _check_matmul_args(a, b, bias, activation, leaky_relu_slope) -> str:
         raise ValueError(
             f"bias must have shape (N,) = ({b.shape[-1]},) to match b, got {tuple(bias.shape)}"
         )
-    return _check_activation(activation, leaky_relu_slope)
+    return check_activation(activation, leaky_relu_slope)
 
 
+@runtime.follows_autocast(_matmul)
 def matmul(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -872,6 +843,7 @@ def matmul(
     return _matmul(a, b, bias, op_activation, float(leaky_relu_slope))
 
 
+@runtime.follows_autocast(_matmul)  # as F.linear
 def linear(
     x: torch.Tensor,
     weight: torch.Tensor,
