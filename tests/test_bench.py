@@ -1,6 +1,6 @@
 """The benchmark suite, without a GPU: the CLI's refusal and errors, the spec registry, every
 workload's inputs and peers at a tiny scale against triton-workshop's op, the byte/FLOP accounting,
-the runner's bookkeeping (statuses, ratios, ceilings) with a fake timer, and the reports."""
+the measurement's bookkeeping (statuses, ratios, ceilings) with a fake timer, and the reports."""
 
 from __future__ import annotations
 
@@ -15,10 +15,13 @@ import pytest
 import torch
 
 from triton_workshop import runtime
-from triton_workshop.bench import SPEC_NAMES, load_spec, main
-from triton_workshop.bench import runner
-from triton_workshop.bench.runner import (
-    CSV_COLUMNS, GBPS, OURS, TFLOPS, Row, Spec, Workload, evaluate, output_gradient,
+from triton_workshop.bench import SPEC_NAMES, SPECS, cli, load_spec, main, report
+from triton_workshop.bench.measure import (
+    Row, evaluate, grad_leaves, measure_case, needs_copy_ceiling, output_gradient,
+)
+from triton_workshop.bench.report import CSV_COLUMNS
+from triton_workshop.bench.spec import (
+    GBPS, OURS, TFLOPS, Spec, Workload, dtype_name, liger, rate_of, size_label,
 )
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -26,7 +29,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 def _workloads():
     return [
-        pytest.param(w, id=f"{name}-{w.name}-{runner.dtype_name(w.dtype)}")
+        pytest.param(w, id=f"{name}-{w.name}-{dtype_name(w.dtype)}")
         for name in SPEC_NAMES
         for w in load_spec(name).workloads
     ]
@@ -73,9 +76,9 @@ def test_unknown_name_lists_valid_names(capsys):
 
 
 def test_names_select_specs_in_suite_order():
-    assert runner.resolve_names([]) == list(SPEC_NAMES)
-    assert runner.resolve_names(["matmul", "softmax"]) == ["softmax", "matmul"]
-    assert runner.resolve_names(["layer-norm"]) == ["layer_norm"]
+    assert cli.resolve_names([]) == list(SPEC_NAMES)
+    assert cli.resolve_names(["matmul", "softmax"]) == ["softmax", "matmul"]
+    assert cli.resolve_names(["layer-norm"]) == ["layer_norm"]
 
 
 def test_help_and_list_exit_zero(capsys):
@@ -114,6 +117,24 @@ def test_registry_lists_the_expected_specs():
             assert len(w.quick) == 1 and w.headlines, w.name
 
 
+def test_specs_reference_the_ops_themselves():
+    """Each workload holds triton-workshop's op as an object (no module names in strings), and the
+    suite is the tuple of the spec objects, in run order."""
+    import triton_workshop as tw
+
+    assert SPECS == tuple(load_spec(name) for name in SPEC_NAMES)
+    assert _find("elementwise", "add").ours is tw.add
+    assert _find("elementwise", "sqrt(a*b+c)").ours is tw.fused_mul_add_sqrt
+    assert _find("image", "greyscale").ours is tw.greyscale
+    assert _find("image", "sepia").ours is tw.sepia
+    assert _find("matmul", "layer_norm+linear", torch.float16).ours is tw.layer_norm_linear
+    for spec in SPECS:
+        for w in spec.workloads:
+            assert callable(w.ours) and not hasattr(w, "module"), w.name
+    with pytest.raises(KeyError):
+        load_spec("nope")
+
+
 def test_table_sizes_are_headlines():
     assert (1 << 28,) in _find("elementwise", "sqrt(a*b+c)").headlines
     assert (3, 8192, 8192) in _find("image", "filter2d 5x5").headlines
@@ -133,8 +154,7 @@ def test_table_sizes_are_headlines():
 
 @pytest.mark.parametrize("w", _workloads())
 def test_tiny_inputs_and_peers_match_ours(w: Workload):
-    module = pytest.importorskip(w.module)
-    ours = w.ours(module)
+    ours = w.ours
     size = w.shrink(w.quick[0])
     assert sum(size) < sum(w.quick[0]) and w.work(size, w.dtype) > 0
     # Fixed inputs: on the CPU, PyTorch's fp16 layer_norm backward accumulates dweight with
@@ -147,7 +167,7 @@ def test_tiny_inputs_and_peers_match_ours(w: Workload):
         assert all(bool(t.detach().abs().sum() > 0) for t in inputs), "inputs must be random"
         dy = output_gradient(w, inputs)
         got = evaluate(w, ours, inputs, dy)
-        assert len(got) == (1 + len(runner.grad_leaves(inputs)) if w.backward else 1)
+        assert len(got) == (1 + len(grad_leaves(inputs)) if w.backward else 1)
         peers = w.candidates(with_compile=False)
         assert list(peers)[:2] == [OURS, w.reference_name]
         for name, fn in peers.items():
@@ -216,10 +236,10 @@ def test_gemm_ceilings_do_the_workloads_flops():
 
 
 def test_rates_and_labels():
-    assert runner.rate_of(4 * 4 * 2**28, 1.5, GBPS) == pytest.approx(2863.31, rel=1e-5)
-    assert runner.rate_of(137_438_953_472, 0.2, TFLOPS) == pytest.approx(687.19, rel=1e-5)
-    assert runner.size_label((2**24,)) == "2^24"
-    assert runner.size_label((3, 8192, 8192)) == "3×8192×8192"
+    assert rate_of(4 * 4 * 2**28, 1.5, GBPS) == pytest.approx(2863.31, rel=1e-5)
+    assert rate_of(137_438_953_472, 0.2, TFLOPS) == pytest.approx(687.19, rel=1e-5)
+    assert size_label((2**24,)) == "2^24"
+    assert size_label((3, 8192, 8192)) == "3×8192×8192"
     assert _find("softmax", "softmax fwd").shrink((8192, 8192)) == (64, 64)
     # Attention's tiny shapes stay ones every SDPA backend takes (D % 8 == 0, N % 64 == 0).
     assert _find("attention", "attention fwd D=128").shrink((4, 32, 4096, 128)) == (2, 2, 128, 16)
@@ -235,7 +255,7 @@ def test_check_catches_a_wrong_result_at_any_scale():
 
 
 # --------------------------------------------------------------------------------------------
-# The runner's bookkeeping, on the CPU with a fake timer.
+# The measurement's bookkeeping, on the CPU with a fake timer.
 # --------------------------------------------------------------------------------------------
 CALLED: list[str] = []
 
@@ -252,6 +272,7 @@ class FakeTimer:
     """A time per function: ours 1 ms, the reference 2 ms, the ceiling 0.5 ms; counts calls."""
 
     TIMES = {"ours": 1.0, "reference": 2.0, "ceiling": 0.5}
+    warmup, rep = 0, 0  # the budgets run_suite prints
 
     def __init__(self):
         self.timed: list[str] = []
@@ -271,19 +292,19 @@ def _toy(ours, *, ceiling=None, backward=False) -> Workload:
     return Workload(
         name="toy", dtype=torch.float32, unit=GBPS, sizes=((1000,),), quick=((1000,),),
         headlines=((1000,),), make_inputs=make, work=lambda size, dtype: 3_000_000_000,
-        work_formula="3 GB", module="math", ours=lambda m: _logged("ours", ours),
+        work_formula="3 GB", ours=_logged("ours", ours),
         reference=_logged("reference", torch.mul),
         peers={"broken peer": lambda x, y: 1 / 0}, ceiling=ceiling, ceiling_name="ref",
-        optional_peers={"Liger-Kernel": runner.liger("no_such_liger_module", "Fn")},
+        optional_peers={"Liger-Kernel": liger("no_such_liger_module", "Fn")},
         backward=backward,
     )
 
 
-def test_run_case_times_checks_and_reports():
+def test_measure_case_times_checks_and_reports():
     spec = Spec(name="toy", title="Toy", workloads=[])
     timer = FakeTimer()
-    rows = runner.run_case(spec, _toy(lambda x, y: x * y), (1000,), timer,
-                           torch.device("cpu"), 3000.0, with_compile=False)
+    rows = measure_case(spec, _toy(lambda x, y: x * y), (1000,), timer,
+                        torch.device("cpu"), 3000.0, with_compile=False)
     by = {r.candidate: r for r in rows}
     assert list(by) == [OURS, "torch eager", "broken peer", "Liger-Kernel"]
     assert by[OURS].status == "ok" and by[OURS].ms == 1.0 and by[OURS].rate == 3000.0
@@ -295,28 +316,28 @@ def test_run_case_times_checks_and_reports():
     assert timer.timed == ["ours", "reference", "reference", "ours"]
 
 
-def test_run_case_never_times_a_wrong_kernel_and_measures_its_own_ceiling():
+def test_measure_case_never_times_a_wrong_kernel_and_measures_its_own_ceiling():
     spec = Spec(name="toy", title="Toy", workloads=[])
     timer = FakeTimer()
     w = _toy(lambda x, y: x + y, ceiling=_logged("ceiling", torch.mul))
-    rows = runner.run_case(spec, w, (1000,), timer, torch.device("cpu"), None, with_compile=False)
+    rows = measure_case(spec, w, (1000,), timer, torch.device("cpu"), None, with_compile=False)
     ours = rows[0]
     assert ours.status == "wrong" and ours.ms is None and "max abs error" in ours.note
     assert "ours" not in timer.timed and timer.timed.count("ceiling") == 2
     assert ours.ceiling == rows[1].ceiling == 6000.0  # 3 GB in 0.5 ms
 
 
-def test_run_case_reuses_the_reference_timing_as_ceiling():
+def test_measure_case_reuses_the_reference_timing_as_ceiling():
     spec = Spec(name="toy", title="Toy", workloads=[])
     w = _toy(lambda x, y: x * y)
     w.ceiling = w.reference
     timer = FakeTimer()
-    rows = runner.run_case(spec, w, (1000,), timer, torch.device("cpu"), None, with_compile=False)
+    rows = measure_case(spec, w, (1000,), timer, torch.device("cpu"), None, with_compile=False)
     assert rows[0].ceiling == rows[1].rate == 1500.0 and rows[0].pct_ceiling == 200.0
     assert timer.timed.count("reference") == 2
 
 
-def test_run_case_fwd_bwd_checks_gradients():
+def test_measure_case_fwd_bwd_checks_gradients():
     spec = Spec(name="toy", title="Toy", workloads=[])
 
     class WrongGrad(torch.autograd.Function):
@@ -328,12 +349,80 @@ def test_run_case_fwd_bwd_checks_gradients():
         def backward(ctx, g):
             return g, g
 
-    rows = runner.run_case(spec, _toy(WrongGrad.apply, backward=True), (1000,), FakeTimer(),
-                           torch.device("cpu"), 3000.0, with_compile=False)
+    rows = measure_case(spec, _toy(WrongGrad.apply, backward=True), (1000,), FakeTimer(),
+                        torch.device("cpu"), 3000.0, with_compile=False)
     assert rows[0].status == "wrong" and "grad" in rows[0].note
-    rows = runner.run_case(spec, _toy(lambda x, y: x * y, backward=True), (1000,), FakeTimer(),
-                           torch.device("cpu"), 3000.0, with_compile=False)
+    rows = measure_case(spec, _toy(lambda x, y: x * y, backward=True), (1000,), FakeTimer(),
+                        torch.device("cpu"), 3000.0, with_compile=False)
     assert rows[0].status == "ok"
+
+
+def test_only_gb_per_s_workloads_fall_back_to_the_copy_ceiling():
+    """A workload without its own ceiling is compared with the copy bandwidth only when it counts
+    bytes; in another unit it has no ceiling (no % of a bandwidth for FLOPs)."""
+    import dataclasses
+
+    spec = Spec(name="toy", title="Toy", workloads=[])
+    bytes_toy = _toy(lambda x, y: x * y)
+    flops_toy = dataclasses.replace(bytes_toy, unit=TFLOPS)
+    assert needs_copy_ceiling(bytes_toy) and not needs_copy_ceiling(flops_toy)
+    rows = measure_case(spec, flops_toy, (1000,), FakeTimer(), torch.device("cpu"), 3000.0,
+                        with_compile=False)
+    assert rows[0].status == "ok" and rows[0].rate == pytest.approx(3.0)  # 3e9 FLOPs in 1 ms
+    assert all(r.ceiling is None and r.pct_ceiling is None for r in rows)
+    with pytest.raises(ValueError, match="unit"):
+        dataclasses.replace(bytes_toy, unit="ms")
+
+
+def _run_toy_suite(tmp_path, monkeypatch, spec: Spec, *, match=()):
+    """run_suite on the CPU: a fake device, environment, copy ceiling (2000 GB/s) and clock."""
+    import io
+
+    from rich.console import Console
+
+    copy = Row(spec="ceiling", op="copy (dst.copy_(src))", size="1 GiB", dtype="fp32",
+               candidate="torch", status="ok", ms=1.0, rate=2000.0, unit=GBPS, ceiling=2000.0,
+               ceiling_source="copy", role="ceiling")
+    monkeypatch.setattr(cli, "_device", lambda: torch.device("cpu"))
+    monkeypatch.setattr(cli, "_environment", lambda: {
+        "gpu": "Fake GPU", "torch": torch.__version__, "triton": "0", "cuda": None, "python": "3"})
+    monkeypatch.setattr(cli, "measure_copy_ceiling", lambda timer, device: copy)
+    monkeypatch.setattr(cli, "Timer", lambda warmup, rep: FakeTimer())
+    buffer = io.StringIO()
+    code = cli.run_suite([spec], quick=True, out=tmp_path, match=match,
+                         console=Console(file=buffer, width=200, color_system=None))
+    return code, buffer.getvalue()
+
+
+def test_run_suite_writes_the_tables_csv_plot_and_meta(tmp_path, monkeypatch):
+    import dataclasses
+
+    w = dataclasses.replace(_toy(lambda x, y: x * y), compile_peer=False)
+    code, out = _run_toy_suite(tmp_path, monkeypatch, Spec(name="toy", title="Toy", workloads=[w]))
+    assert code == 0
+    assert "Fake GPU" in out and "Summary" in out and "(150% of ref)" in out
+    with open(tmp_path / "results.csv", newline="") as f:
+        read = list(csv.DictReader(f))
+    assert [(r["spec"], r["candidate"], r["status"]) for r in read] == [
+        ("ceiling", "torch", "ok"), ("toy", OURS, "ok"), ("toy", "torch eager", "ok"),
+        ("toy", "broken peer", "unavailable"), ("toy", "Liger-Kernel", "unavailable")]
+    assert float(read[1]["pct_of_ceiling"]) == pytest.approx(150.0)
+    assert (tmp_path / "toy.png").read_bytes()[:4] == b"\x89PNG"
+    meta = json.loads((tmp_path / "meta.json").read_text())
+    assert meta["files"] == ["results.csv", "toy.png", "meta.json"]
+    assert meta["specs"] == ["toy"] and meta["copy_ceiling_gbps"] == 2000.0 and meta["quick"]
+    assert meta["summary"][0]["speedup"]["torch eager"] == pytest.approx(2.0)
+
+
+def test_run_suite_fails_on_a_wrong_result_and_on_no_match(tmp_path, monkeypatch):
+    import dataclasses
+
+    w = dataclasses.replace(_toy(lambda x, y: x + y), compile_peer=False)
+    spec = Spec(name="toy", title="Toy", workloads=[w])
+    code, out = _run_toy_suite(tmp_path, monkeypatch, spec)
+    assert code == 1 and "1 triton-workshop result(s) not ok" in out and "WRONG" in out
+    code, out = _run_toy_suite(tmp_path / "none", monkeypatch, spec, match=["nothing like it"])
+    assert code == 1 and "no benchmark case matches" in out
 
 
 # --------------------------------------------------------------------------------------------
@@ -362,7 +451,7 @@ def _fake_rows() -> list[Row]:
 
 def test_csv_plot_meta_and_tables(tmp_path):
     rows = _fake_rows()
-    csv_path = runner.write_csv(tmp_path / "out" / "results.csv", rows)
+    csv_path = report.write_csv(tmp_path / "out" / "results.csv", rows)
     with open(csv_path, newline="") as f:
         reader = csv.DictReader(f)
         assert tuple(reader.fieldnames) == CSV_COLUMNS
@@ -376,22 +465,22 @@ def test_csv_plot_meta_and_tables(tmp_path):
     wrong = next(r for r in read if r["op"] == "add" and r["candidate"] == OURS)
     assert wrong["status"] == "wrong" and wrong["ms"] == "" and wrong["rate"] == ""
 
-    png = runner.write_plot(tmp_path / "out" / "elementwise.png", "Elementwise", rows, "Fake GPU")
+    png = report.write_plot(tmp_path / "out" / "elementwise.png", "Elementwise", rows, "Fake GPU")
     data = png.read_bytes()
     assert len(data) > 1000 and data[:8] == b"\x89PNG\r\n\x1a\n"
 
-    summary = runner.summary_rows(rows)
+    summary = report.summary_rows(rows)
     assert [(e["op"], e["size"], e["status"]) for e in summary] == [
         ("sqrt(a*b+c)", "2^26", "ok"), ("add", "2^26", "wrong")]
     assert summary[0]["speedup"] == {"torch eager": pytest.approx(2.0),
                                      "torch.compile": pytest.approx(1.1)}
-    text = runner.render_text(runner.summary_table(rows))
+    text = report.render_text(report.summary_table(rows))
     assert "2.00×" in text and "1.10×" in text and "WRONG" in text
-    table = runner.render_text(runner.spec_table("Elementwise", rows))
+    table = report.render_text(report.spec_table("Elementwise", rows))
     assert "WRONG" in table and "n/a" in table and "2.00×" in table
-    assert any("BackendCompilerFailed" in p for p in runner.problems(rows))
+    assert any("BackendCompilerFailed" in p for p in report.problems(rows))
 
-    meta = runner.write_meta(tmp_path / "out" / "meta.json", {"gpu": "Fake GPU", "summary": summary})
+    meta = report.write_meta(tmp_path / "out" / "meta.json", {"gpu": "Fake GPU", "summary": summary})
     assert json.loads(meta.read_text())["gpu"] == "Fake GPU"
 
 
@@ -410,7 +499,6 @@ def test_attention_case_reports_unavailable_backends_and_measures_its_ceiling():
 
     from triton_workshop.bench import attention
 
-    pytest.importorskip(attention.MODULE)
     w = dataclasses.replace(
         _find("attention", "attention fwd causal D=64"),
         optional_peers={},
@@ -419,15 +507,15 @@ def test_attention_case_reports_unavailable_backends_and_measures_its_ceiling():
     )
     size = (1, 2, 40, 16)
     spec = Spec(name="attention", title="Attention", workloads=[w])
-    rows = runner.run_case(spec, w, size, _one_ms, runtime.DEVICE, None, with_compile=False,
-                           headline=True)
+    rows = measure_case(spec, w, size, _one_ms, runtime.DEVICE, None, with_compile=False,
+                        headline=True)
     by = {r.candidate: r for r in rows}
     assert list(by) == [OURS, attention.SDPA_MATH, attention.SDPA_FLASH, attention.SDPA_CUDNN]
     assert by[OURS].status == by[attention.SDPA_MATH].status == "ok"
     if not torch.cuda.is_available():
         assert by[attention.SDPA_CUDNN].status == "unavailable" and by[attention.SDPA_CUDNN].note
-    assert by[OURS].ceiling == pytest.approx(runner.rate_of(w.work(size, w.dtype), 1.0, TFLOPS))
-    table = runner.render_text(runner.spec_table(spec.title, rows))
+    assert by[OURS].ceiling == pytest.approx(rate_of(w.work(size, w.dtype), 1.0, TFLOPS))
+    table = report.render_text(report.spec_table(spec.title, rows))
     assert attention.SDPA_CUDNN in table and "TFLOP/s" in table
 
 
@@ -455,15 +543,14 @@ def test_attention_gemm_ceiling_runs_forward_and_backward():
 def test_conv_case_times_both_cudnn_layouts_and_the_gemm_ceiling():
     from triton_workshop.bench import conv
 
-    pytest.importorskip(conv.MODULE)
     w = _find("conv", "conv2d 3x3 channels_last")
     size = (2, 8, 6, 6)
     spec = Spec(name="conv", title="Conv", workloads=[w])
-    rows = runner.run_case(spec, w, size, _one_ms, runtime.DEVICE, None, with_compile=False,
-                           headline=True)
+    rows = measure_case(spec, w, size, _one_ms, runtime.DEVICE, None, with_compile=False,
+                        headline=True)
     assert [(r.candidate, r.status) for r in rows] == [
         (OURS, "ok"), (conv.CUDNN_CHANNELS_LAST, "ok"), (conv.CUDNN_NCHW, "ok")]
-    assert rows[0].ceiling == pytest.approx(runner.rate_of(w.work(size, w.dtype), 1.0, TFLOPS))
+    assert rows[0].ceiling == pytest.approx(rate_of(w.work(size, w.dtype), 1.0, TFLOPS))
     assert rows[0].ceiling_source == conv.CEILING_NAME
 
 

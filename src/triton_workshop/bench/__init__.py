@@ -1,13 +1,23 @@
 """Benchmarks: ``workshop bench [NAME ...] [--quick] [--out DIR]``, on a CUDA GPU.
 
-One runner (:mod:`.runner`) measures every op family the same way, with its peers (PyTorch eager,
-``torch.compile``, cuBLAS/cuDNN, Liger-Kernel when installed) and a ceiling (the copy bandwidth,
-or cuBLAS for matrix products) in the same run. One spec module per family says what to measure:
-:mod:`.elementwise`, :mod:`.image`, :mod:`.softmax`, :mod:`.layer_norm`, :mod:`.matmul`,
-:mod:`.conv`, :mod:`.attention`.
+Every op family is measured the same way, with its peers (PyTorch eager, ``torch.compile``,
+cuBLAS/cuDNN, Liger-Kernel when installed) and a ceiling (the copy bandwidth, or cuBLAS for matrix
+products) in the same run. One file per job:
+
+* :mod:`.spec`: what is measured (:class:`Workload`, :class:`Spec`, units, tolerances);
+* :mod:`.measure`: correctness first, then the timing of every candidate (:func:`measure_case`);
+* :mod:`.report`: rich tables, ``results.csv``, one PNG per spec, ``meta.json``;
+* :mod:`.cli`: the command line and the suite (:data:`SPECS`, :func:`run_suite`).
+
+One spec module per family says what to measure, with the op it benchmarks imported from
+``triton_workshop.ops``: :mod:`.elementwise`, :mod:`.image`, :mod:`.softmax`, :mod:`.layer_norm`,
+:mod:`.matmul`, :mod:`.conv`, :mod:`.attention`.
 ``python -m triton_workshop.bench`` is the same command.
 """
 
-from .runner import SPEC_NAMES, Spec, Workload, load_spec, main
+from .cli import SPEC_NAMES, SPECS, load_spec, main, run_suite
+from .measure import measure_case
+from .spec import Spec, Workload
 
-__all__ = ["SPEC_NAMES", "Spec", "Workload", "load_spec", "main"]
+__all__ = ["SPECS", "SPEC_NAMES", "Spec", "Workload", "load_spec", "main", "measure_case",
+           "run_suite"]

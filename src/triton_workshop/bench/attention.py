@@ -46,9 +46,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.weak import WeakIdKeyDictionary
 
-from .runner import TFLOPS, Spec, Workload
-
-MODULE = "triton_workshop.ops.attention"
+from ..ops.attention import attention
+from .spec import TFLOPS, Spec, Workload
 
 BATCH, HEADS = 4, 32
 SEQ_LENS = (1024, 2048, 4096)
@@ -214,8 +213,7 @@ def _workload(head_dim: int, *, causal: bool, backward: bool = False) -> Workloa
         make_inputs=_inputs(backward),
         work=flops,
         work_formula=_formula(causal, backward),
-        module=MODULE,
-        ours=lambda m: lambda q, k, v: m.attention(q, k, v, causal=causal),
+        ours=lambda q, k, v: attention(q, k, v, causal=causal),
         reference=sdpa("MATH", causal),
         reference_name=SDPA_MATH,
         optional_peers={

@@ -37,9 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.weak import WeakIdKeyDictionary
 
-from .runner import TFLOPS, Spec, Workload
-
-MODULE = "triton_workshop.ops.conv"
+from ..ops.conv import conv2d
+from .spec import TFLOPS, Spec, Workload
 
 KERNEL = 3
 PADDING = 1
@@ -163,8 +162,7 @@ def _workload(layout: str) -> Workload:
         make_inputs=_inputs(memory_format),
         work=conv_flops,
         work_formula="FLOPs = 2·N·F·OH·OW·C·KH·KW (F = C filters of 3×3, stride 1, pad 1, no bias)",
-        module=MODULE,
-        ours=lambda m: lambda x, weight: m.conv2d(x, weight, padding=PADDING),
+        ours=lambda x, weight: conv2d(x, weight, padding=PADDING),
         reference=conv_cudnn,
         reference_name=own,
         peers={other: cudnn_in(other_format)},

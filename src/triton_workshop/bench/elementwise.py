@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import torch
 
-from .runner import GBPS, Spec, Workload
+from ..ops.elementwise import add, fused_mul_add_sqrt
+from .spec import GBPS, Spec, Workload
 
 #: 2^22 (16 MiB of fp32 a tensor) to 2^28 (1 GiB a tensor, 4 GiB for sqrt(a*b+c)).
 SIZES = tuple((1 << k,) for k in (22, 24, 26, 28))
 QUICK = ((1 << 26,),)
 HEADLINE = ((1 << 28,),)
-MODULE = "triton_workshop.ops.elementwise"
 
 
 def _uniform(n: int, count: int, dtype: torch.dtype, device) -> tuple[torch.Tensor, ...]:
@@ -63,8 +63,7 @@ SPEC = Spec(
             make_inputs=lambda size, dtype, device: _uniform(size[0], 3, dtype, device),
             work=mul_add_sqrt_bytes,
             work_formula="bytes = 4·n·itemsize (a, b, c read once; out written once)",
-            module=MODULE,
-            ours=lambda m: m.fused_mul_add_sqrt,
+            ours=fused_mul_add_sqrt,
             reference=mul_add_sqrt_eager,
         ),
         Workload(
@@ -77,8 +76,7 @@ SPEC = Spec(
             make_inputs=lambda size, dtype, device: _normal(size[0], 2, dtype, device),
             work=add_bytes,
             work_formula="bytes = 3·n·itemsize (x, y read once; out written once)",
-            module=MODULE,
-            ours=lambda m: m.add,
+            ours=add,
             reference=add_eager,
         ),
     ],

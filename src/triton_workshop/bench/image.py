@@ -20,9 +20,9 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
-from .runner import GBPS, Spec, Workload
+from ..ops.image import filter2d, greyscale, sepia
+from .spec import GBPS, Spec, Workload
 
-MODULE = "triton_workshop.ops.image"
 COLOUR_SIZES = tuple((3, n, n) for n in (1024, 2048, 4096, 8192))
 FILTER_SIZES = tuple((3, n, n) for n in (2048, 4096, 8192))
 QUICK = ((3, 4096, 4096),)
@@ -105,8 +105,7 @@ def _filter_workload(k: int) -> Workload:
         make_inputs=_filter_inputs(k),
         work=filter_bytes(k),
         work_formula=f"bytes = (2·C·H·W + {k}·{k})·itemsize (image read once, output written once)",
-        module=MODULE,
-        ours=lambda m: lambda img, kernel: m.filter2d(img, kernel, padding="same"),
+        ours=lambda img, kernel: filter2d(img, kernel, padding="same"),
         reference=filter2d_cudnn,
         reference_name="cuDNN (F.conv2d)",
         context=cudnn_fp32_autotuned,
@@ -127,8 +126,7 @@ SPEC = Spec(
             make_inputs=lambda size, dtype, device: (_image(size, dtype, device),),
             work=greyscale_bytes,
             work_formula="bytes = 4·H·W·itemsize (3 planes read, 1 written)",
-            module=MODULE,
-            ours=lambda m: m.greyscale,
+            ours=greyscale,
             reference=greyscale_eager,
         ),
         Workload(
@@ -141,8 +139,7 @@ SPEC = Spec(
             make_inputs=lambda size, dtype, device: (_image(size, dtype, device),),
             work=sepia_bytes,
             work_formula="bytes = 6·H·W·itemsize (3 planes read, 3 written)",
-            module=MODULE,
-            ours=lambda m: m.sepia,
+            ours=sepia,
             reference=sepia_eager,
         ),
         _filter_workload(3),

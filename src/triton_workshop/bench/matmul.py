@@ -18,9 +18,10 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
-from .runner import TFLOPS, Spec, Workload
+from ..ops.layer_norm_linear import layer_norm_linear
+from ..ops.matmul import matmul
+from .spec import TFLOPS, Spec, Workload
 
-MODULE = "triton_workshop.ops.matmul"
 CUBLAS = "cuBLAS (torch.matmul)"
 
 SQUARE_4K = (4096, 4096, 4096)
@@ -78,8 +79,7 @@ def _workload(name, dtype, sizes, headlines, *, activation=None, context=None, t
         make_inputs=matmul_inputs,
         work=matmul_flops,
         work_formula="FLOPs = 2·M·N·K" + (" (the activation is not counted)" if fused else ""),
-        module=MODULE,
-        ours=(lambda m: lambda a, b: m.matmul(a, b, activation=activation)),
+        ours=lambda a, b: matmul(a, b, activation=activation),
         reference=matmul_leaky_relu_eager if fused else matmul_cublas,
         reference_name="cuBLAS + F.leaky_relu" if fused else CUBLAS,
         ceiling=matmul_cublas,
@@ -122,8 +122,7 @@ def _ln_linear_workload(dtype):
         make_inputs=ln_linear_inputs,
         work=matmul_flops,
         work_formula="FLOPs = 2·M·N·K (the normalisation is not counted)",
-        module="triton_workshop.ops.layer_norm_linear",
-        ours=(lambda m: m.layer_norm_linear),
+        ours=layer_norm_linear,
         reference=ln_linear_eager,
         reference_name="torch eager (F.layer_norm + F.linear)",
         ceiling=ln_linear_cublas,

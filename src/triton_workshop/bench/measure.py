@@ -1,0 +1,231 @@
+"""How a workload is measured, one size at a time: correctness first, then every candidate timed.
+
+* **correctness first**: each size checks triton-workshop's result (and gradients) against eager
+  PyTorch before timing it; a wrong result is reported as WRONG, never timed;
+* **timing**: ``triton.testing.do_bench(..., return_mode="median")``, which flushes L2 before
+  every repetition, so memory-bound numbers are DRAM numbers; every candidate is timed twice, in
+  order and in reverse order, and the two medians averaged, so that drift within a case (clocks,
+  power) weighs on all candidates alike;
+* **a ceiling**: memory-bound ops are compared with the copy bandwidth measured at the start of the
+  run (``dst.copy_(src)`` of 1 GiB, bytes read + written); matrix products with cuBLAS at the same
+  shape and precision, timed beside the candidates.
+
+Every result is a :class:`Row`, one per (workload, size, candidate); :mod:`.report` reads Rows.
+"""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from .spec import (
+    GBPS, OURS, TORCH_COMPILE, Inputs, Size, Spec, Workload, dtype_name, one_line, rate_of,
+)
+
+#: do_bench budgets in ms (warm-up, timed repetitions) for the full sweep and for --quick.
+TIMING_FULL = (25, 100)
+TIMING_QUICK = (10, 40)
+
+#: The copy that sets the memory ceiling: 1 GiB read and 1 GiB written per call.
+COPY_BYTES = 1 << 30
+
+
+@dataclass
+class Row:
+    spec: str
+    op: str
+    size: str
+    dtype: str
+    candidate: str
+    status: str  # ok | wrong | error | unavailable | oom
+    ms: float | None
+    rate: float | None
+    unit: str
+    ceiling: float | None
+    ceiling_source: str
+    role: str = "peer"  # ours | reference | compile | peer | ceiling
+    ratio: float | None = None  # this candidate's ms / triton-workshop's ms (>1: ours is faster)
+    headline: bool = False
+    note: str = ""
+
+    @property
+    def pct_ceiling(self) -> float | None:
+        if self.rate is None or not self.ceiling:
+            return None
+        return 100.0 * self.rate / self.ceiling
+
+
+class Timer:
+    """``triton.testing.do_bench`` with the suite's budgets; the median of the timed runs."""
+
+    def __init__(self, warmup: int, rep: int):
+        self.warmup, self.rep = warmup, rep
+
+    def __call__(self, fn: Callable) -> float:
+        from triton.testing import do_bench
+
+        return float(do_bench(fn, warmup=self.warmup, rep=self.rep, return_mode="median"))
+
+
+def grad_leaves(inputs: Inputs) -> list[torch.Tensor]:
+    return [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+
+
+def evaluate(w: Workload, fn: Callable, inputs: Inputs, dy: torch.Tensor | None) -> tuple:
+    """A candidate's output, and for fwd+bwd workloads the gradients of the inputs that want one.
+
+    Forward workloads' inputs do not require grad, so no graph is recorded; the call runs in the
+    same grad mode as the timed calls, so torch.compile's first graph is the one that is timed."""
+    if not w.backward:
+        return (fn(*inputs),)
+    out = fn(*inputs)
+    grads = torch.autograd.grad(out, grad_leaves(inputs), dy)
+    return (out.detach(), *grads)
+
+
+def timed_call(w: Workload, fn: Callable, inputs: Inputs, dy: torch.Tensor | None) -> Callable:
+    """What do_bench repeats: the forward, or forward + backward (autograd.grad returns fresh
+    gradients, so nothing accumulates between repetitions)."""
+    if not w.backward:
+        return lambda: fn(*inputs)
+    leaves = grad_leaves(inputs)
+    return lambda: torch.autograd.grad(fn(*inputs), leaves, dy)
+
+
+def output_gradient(w: Workload, inputs: Inputs) -> torch.Tensor | None:
+    """A fixed random gradient of the output for fwd+bwd workloads (None for forward only)."""
+    if not w.backward:
+        return None
+    with torch.no_grad():
+        probe = w.reference(*inputs)
+    return torch.randn_like(probe)
+
+
+def measure_copy_ceiling(timer: Timer, device: torch.device) -> Row:
+    """The memory ceiling: a device-to-device copy of 1 GiB, counting bytes read + written."""
+    src = torch.randn(COPY_BYTES // 4, device=device)
+    dst = torch.empty_like(src)
+    ms = timer(lambda: dst.copy_(src))
+    del src, dst
+    torch.cuda.empty_cache()
+    rate = rate_of(2 * COPY_BYTES, ms, GBPS)
+    return Row(
+        spec="ceiling", op="copy (dst.copy_(src))", size="1 GiB", dtype="fp32", candidate="torch",
+        status="ok", ms=ms, rate=rate, unit=GBPS, ceiling=rate, ceiling_source="copy",
+        role="ceiling", note="bytes = 2 × 1 GiB (read + write)",
+    )
+
+
+def needs_copy_ceiling(w: Workload) -> bool:
+    """Whether ``w`` is compared with the copy bandwidth: a GB/s workload without a ceiling."""
+    return w.ceiling is None and w.unit == GBPS
+
+
+def measure_case(
+    spec: Spec, w: Workload, size: Size, timer: Timer, device: torch.device,
+    copy_rate: float | None, *, with_compile: bool = True, headline: bool | None = None,
+) -> list[Row]:
+    """Check triton-workshop's result at one size, then time it and every peer."""
+    torch._dynamo.reset()  # one compiled graph per shape; no recompile limit across the sweep
+    dtype = dtype_name(w.dtype)
+
+    def row(candidate, role, status, ms=None, note="") -> Row:
+        return Row(
+            spec=spec.name, op=w.name, size=w.label(size), dtype=dtype, candidate=candidate,
+            status=status, ms=ms, rate=None if ms is None else rate_of(work, ms, w.unit),
+            unit=w.unit, ceiling=None, ceiling_source=w.ceiling_name, role=role,
+            headline=size in w.headlines if headline is None else headline, note=note,
+        )
+
+    work = w.work(size, w.dtype)
+    with w.context():
+        candidates = w.candidates(with_compile=with_compile)
+        roles = {OURS: "ours", w.reference_name: "reference", TORCH_COMPILE: "compile"}
+        try:
+            inputs = w.make_inputs(size, w.dtype, device)
+            dy = output_gradient(w, inputs)
+            expected = evaluate(w, w.reference, inputs, dy)
+        except torch.OutOfMemoryError as exc:
+            return [row(OURS, "ours", "oom", note=one_line(exc))]
+
+        results: dict[str, Row] = {}
+        ready: list[tuple[str, Callable]] = []
+        for name, fn in candidates.items():
+            role = roles.get(name, "peer")
+            if isinstance(fn, str):
+                results[name] = row(name, role, "unavailable", note=fn)
+                continue
+            try:
+                if role == "ours":
+                    problem = w.check(evaluate(w, fn, inputs, dy), expected)
+                    if problem:
+                        results[name] = row(name, role, "wrong", note=problem)
+                        continue
+                else:
+                    evaluate(w, fn, inputs, dy)  # first call: compiles, and fails here if it can't
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+            except torch.OutOfMemoryError as exc:
+                results[name] = row(name, role, "oom", note=one_line(exc))
+                continue
+            except Exception as exc:
+                status = "error" if role == "ours" else "unavailable"
+                results[name] = row(name, role, status, note=one_line(exc))
+                continue
+            ready.append((name, timed_call(w, fn, inputs, dy)))
+        del expected
+        torch.cuda.empty_cache()
+
+        own_ceiling = w.ceiling is not None and w.ceiling is not w.reference
+        if own_ceiling:
+            ready.append((_CEILING, timed_call(w, w.ceiling, inputs, dy)))
+        timings = time_in_both_orders(timer, ready)
+        for name, (ms, status, note) in timings.items():
+            if name != _CEILING:
+                results[name] = row(name, roles.get(name, "peer"), status, ms=ms, note=note)
+        ceiling = copy_rate if needs_copy_ceiling(w) else None
+        if w.ceiling is not None:
+            # cuBLAS's own product at this shape: the reference itself, or timed beside it.
+            ceiling_ms = timings.get(_CEILING if own_ceiling else w.reference_name, (None,))[0]
+            ceiling = None if ceiling_ms is None else rate_of(work, ceiling_ms, w.unit)
+        order = list(candidates)
+        del inputs, dy, candidates, ready
+
+    gc.collect()
+    torch.cuda.empty_cache()
+    rows = [results[name] for name in order]
+    ours_ms = next((r.ms for r in rows if r.role == "ours" and r.status == "ok"), None)
+    for r in rows:
+        r.ceiling = ceiling
+        if r.ms is not None and ours_ms:
+            r.ratio = r.ms / ours_ms
+    return rows
+
+
+_CEILING = "<ceiling>"  # the ceiling's own timing, beside the candidates'
+
+
+def time_in_both_orders(timer: Timer, calls: Sequence[tuple[str, Callable]]):
+    """name → (ms, status, note). Each call is timed twice, in order and then in reverse order,
+    and the two medians are averaged: a drift over the case (clocks, power: cuBLAS moved by ±5%
+    between consecutive measurements on an H100) then weighs on every candidate alike."""
+    samples: dict[str, list[float]] = {name: [] for name, _ in calls}
+    failed: dict[str, tuple[None, str, str]] = {}
+    for order in (list(calls), list(calls)[::-1]):
+        for name, call in order:
+            if name in failed:
+                continue
+            try:
+                samples[name].append(timer(call))
+            except torch.OutOfMemoryError as exc:
+                failed[name] = (None, "oom", one_line(exc))
+                torch.cuda.empty_cache()
+            except Exception as exc:
+                failed[name] = (None, "error", one_line(exc))
+    return {
+        name: failed.get(name) or (sum(samples[name]) / len(samples[name]), "ok", "")
+        for name, _ in calls
+    }
