@@ -2,8 +2,10 @@
 # The one command run on the GPU machine: environment, the test suite, then the benchmark suite,
 # ending with the benchmark's summary table.
 #
-#   scripts/gpu_check.sh [--quick] [--no-tests] [bench names...]
+#   scripts/gpu_check.sh [--quick] [--no-tests] [--sanitize] [bench names...]
 #
+# --sanitize: after the tests, compute-sanitizer over every kernel (scripts/sanitize.py, logs in
+# $OUT/sanitize/; it can also run alone, see its docstring).
 # Results go to $OUT (the device tool's output folder) when set, else to bench-results/:
 # pytest.log, results.csv, <spec>.png (one per benchmark) and meta.json -- eight files at most for
 # the full suite. Exit status: non-zero when the tests or the benchmark (a wrong or failed
@@ -21,13 +23,15 @@ RESULTS=${OUT:-bench-results}
 mkdir -p "$RESULTS"
 
 run_tests=1
+run_sanitize=0
 PYTEST_ARGS=${PYTEST_ARGS:-}
 bench_args=()
 for arg in "$@"; do
     case "$arg" in
         --no-tests) run_tests=0 ;;
         --quick) bench_args+=(--quick) ;;
-        -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+        --sanitize) run_sanitize=1 ;;
+        -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
         *) bench_args+=("$arg") ;;
     esac
 done
@@ -61,6 +65,14 @@ if [ "$run_tests" = 1 ]; then
     echo "tests: $tests_status in $((SECONDS - start)) s"
 fi
 
+sanitize_status=skipped
+if [ "$run_sanitize" = 1 ]; then
+    echo "== compute-sanitizer"
+    "$PYTHON" scripts/sanitize.py --out "$RESULTS/sanitize"
+    sanitize_rc=$?
+    sanitize_status=$([ $sanitize_rc = 0 ] && echo "clean" || echo "FAILED (exit $sanitize_rc)")
+fi
+
 echo "== bench ${bench_args[*]:-(full suite)}"
 rm -f "$RESULTS/meta.json"  # so that a failed run cannot show an older summary below
 start=$SECONDS
@@ -69,7 +81,7 @@ bench_rc=$?
 bench_status=$([ $bench_rc = 0 ] && echo "ok" || echo "FAILED (exit $bench_rc)")
 
 echo
-echo "== result: tests $tests_status · bench $bench_status in $((SECONDS - start)) s · files in $RESULTS/"
+echo "== result: tests $tests_status · sanitizer $sanitize_status · bench $bench_status in $((SECONDS - start)) s · files in $RESULTS/"
 if [ "$run_tests" = 1 ]; then
     tail -n 1 "$RESULTS/pytest.log"
 fi
@@ -80,4 +92,5 @@ print(json.load(open(sys.argv[1])).get("summary_table", ""), end="")
 EOF
 
 [ "$tests_status" != "passed" ] && [ "$tests_status" != "skipped" ] && exit 1
+[ "$sanitize_status" != "clean" ] && [ "$sanitize_status" != "skipped" ] && exit 1
 exit $bench_rc

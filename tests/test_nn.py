@@ -13,6 +13,7 @@ from torch import nn
 
 import triton_workshop  # noqa: F401  (decides interpreter-or-GPU before the kernels import)
 from triton_workshop import nn as tw
+from triton_workshop.nn.modules import keep_off_fused_encoder_path
 from triton_workshop.ops.matmul import tf32_enabled
 from triton_workshop.runtime import DEVICE
 
@@ -359,7 +360,7 @@ def test_multihead_attention_errors():
 
 def test_multihead_attention_in_a_transformer_encoder_layer():
     """Swapped into nn.TransformerEncoderLayer as its self_attn: training mode calls our forward
-    (need_weights=False); eval mode under no_grad may take torch's fast path with our weights."""
+    (need_weights=False), and so does eval mode under no_grad (see the fast-path tests below)."""
     torch.manual_seed(6)
     layer = nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, dropout=0.0, batch_first=True,
                                        device=DEVICE)
@@ -380,3 +381,106 @@ def test_multihead_attention_seq_first_output_is_contiguous():
     x = rand(5, 2, 24, seed=61)
     out, _ = ours(x, x, x, need_weights=False)
     assert out.shape == (5, 2, 24) and out.is_contiguous()
+
+
+# ---------------------------------------------------------------------------------------------
+# torch's fused encoder path must never bypass the module silently.
+# ---------------------------------------------------------------------------------------------
+@pytest.fixture
+def mha_calls(monkeypatch):
+    """Counts calls of tw.MultiheadAttention.forward. Patched on the class, not through a hook:
+    a hook on the module would itself keep torch off its fused path."""
+    calls = []
+    forward = tw.MultiheadAttention.forward
+
+    def counted(self, *args, **kwargs):
+        calls.append(self)
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(tw.MultiheadAttention, "forward", counted)
+    return calls
+
+
+def _encoder_layer_with_ours(seed=62, batch_first=True):
+    torch.manual_seed(seed)
+    layer = nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, dropout=0.0,
+                                       batch_first=batch_first, device=DEVICE)
+    with torch.no_grad():  # non-zero biases, so that a mix-up of them shows
+        layer.self_attn.in_proj_bias.copy_(rand(48, seed=seed + 1) * 0.1)
+    ours = tw.MultiheadAttention(16, 2, batch_first=batch_first, device=DEVICE)
+    ours.load_state_dict(layer.self_attn.state_dict())
+    return layer, ours
+
+
+@pytest.mark.parametrize("grad_off", [torch.no_grad, torch.inference_mode],
+                         ids=["no_grad", "inference_mode"])
+def test_transformer_encoder_layer_calls_our_attention_in_eval_mode(mha_calls, grad_off):
+    layer, ours = _encoder_layer_with_ours()
+    layer.eval()
+    x = rand(2, 9, 16, seed=64)
+    with grad_off():
+        expected = layer(x)  # torch's fused path, with torch's MultiheadAttention
+        layer.self_attn = ours
+        out = layer(x)
+    assert mha_calls == [ours]
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_the_fast_path_bypasses_a_module_without_the_guard(mha_calls):
+    """The premise of the tests above: without its guard, torch computes the layer itself and
+    never calls self_attn (so a counter of 0 is what a silent bypass looks like)."""
+    layer, ours = _encoder_layer_with_ours()
+    layer.self_attn = ours
+    layer.eval()
+    ours._forward_pre_hooks.clear()
+    with torch.no_grad():
+        layer(rand(2, 9, 16, seed=65))
+    assert mha_calls == []
+    keep_off_fused_encoder_path(ours)
+    keep_off_fused_encoder_path(ours)  # idempotent: one guard
+    assert len(ours._forward_pre_hooks) == 1
+    with torch.no_grad():
+        layer(rand(2, 9, 16, seed=65))
+    assert mha_calls == [ours]
+
+
+def test_guard_installed_on_eval_for_a_module_made_without_init(mha_calls):
+    """An in-place swap (a torch module given this class without __init__) gets the guard when
+    the model is put in eval mode, which the fused path needs anyway."""
+    layer, _ = _encoder_layer_with_ours()
+    torch_attn = layer.self_attn
+    x = rand(2, 9, 16, seed=66)
+    layer.eval()
+    with torch.no_grad():
+        expected = layer(x)
+    torch_attn.__class__ = tw.MultiheadAttention
+    layer.train()
+    layer.eval()
+    with torch.no_grad():
+        out = layer(x)
+    assert mha_calls == [torch_attn]
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_transformer_encoder_calls_our_attention_in_every_layer(mha_calls):
+    layer, ours = _encoder_layer_with_ours()
+    layer.self_attn = ours
+    encoder = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False).eval()
+    x = rand(2, 7, 16, seed=67)
+    with torch.no_grad():
+        encoder(x)
+    assert len(mha_calls) == 2 and mha_calls[0] is not mha_calls[1]  # the deep copies too
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+def test_nested_input_from_the_encoder_fast_path_is_refused_clearly():
+    """With a padding mask in eval mode, torch.nn.TransformerEncoder packs its input into a
+    NestedTensor before calling the layers: an error that says so, never a silent result."""
+    layer, ours = _encoder_layer_with_ours()
+    encoder = nn.TransformerEncoder(layer, num_layers=1).eval()  # enable_nested_tensor=True
+    encoder.layers[0].self_attn = ours
+    x = rand(2, 7, 16, seed=68)
+    padding = torch.zeros(2, 7, dtype=torch.bool, device=DEVICE)
+    padding[1, 5:] = True
+    with torch.no_grad(), pytest.raises(ValueError, match="nested tensors are not supported"):
+        encoder(x, src_key_padding_mask=padding)

@@ -4,9 +4,11 @@ rest are run here, from the repository root, with this environment's console scr
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import urlparse
 
 import pytest
 
@@ -79,10 +81,53 @@ def test_readme_command_runs(command, tmp_path):
 UV_COMMANDS = [c for c in bash_commands() if c.startswith("uv ")]
 
 
+def package_index_hosts(env=None) -> list[str]:
+    """The hosts ``uv sync`` downloads from: the index uv is pointed at (``UV_DEFAULT_INDEX``,
+    ``UV_INDEX_URL``), else PyPI and the host of its files."""
+    env = os.environ if env is None else env
+    for name in ("UV_DEFAULT_INDEX", "UV_INDEX_URL"):
+        host = urlparse(env.get(name, "")).hostname
+        if host:
+            return [host]
+    return ["pypi.org", "files.pythonhosted.org"]
+
+
+def no_network_reason(env=None, timeout: float = 2.0) -> str | None:
+    """Why the package index cannot be reached from here (None when it can): uv told to stay
+    offline, or a 2-second connection attempt to each index host that fails."""
+    env = os.environ if env is None else env
+    if env.get("UV_OFFLINE", "") not in ("", "0", "false"):
+        return "UV_OFFLINE is set"
+    for host in package_index_hosts(env):
+        try:
+            socket.create_connection((host, 443), timeout=timeout).close()
+        except OSError as exc:
+            return f"no network: cannot reach {host}:443 ({exc})"
+    return None
+
+
+#: What uv prints when a download failed for want of a network (not a fault of the project).
+UV_NETWORK_ERRORS = re.compile(
+    r"error sending request for url|dns error|failed to lookup address information|"
+    r"Temporary failure in name resolution|Network is unreachable|tcp connect error|"
+    r"Network connectivity is disabled|Could not connect to|Connection refused|timed out while")
+
+
+def uv_network_error(output: str) -> str | None:
+    """The line of uv's output that says it could not download, if there is one."""
+    for line in output.splitlines():
+        if UV_NETWORK_ERRORS.search(line):
+            return line.strip()
+    return None
+
+
 @pytest.mark.skipif(shutil.which("uv") is None and not (BIN / "uv").exists(),
                     reason="uv is not installed here (.ci/run installs it so that CI runs these)")
 def test_readme_uv_commands_run_in_a_fresh_copy(tmp_path):
     """The uv path, in order, in a copy of the project (uv sync makes its own .venv there)."""
+    reason = no_network_reason()
+    if reason:
+        pytest.skip(f"the README's uv commands download packages: {reason}")
     uv = shutil.which("uv") or str(BIN / "uv")
     project = tmp_path / "project"
     shutil.copytree(ROOT, project, ignore=shutil.ignore_patterns(
@@ -94,10 +139,61 @@ def test_readme_uv_commands_run_in_a_fresh_copy(tmp_path):
         proc = subprocess.run(argv, cwd=project, env=env, capture_output=True, text=True,
                               timeout=1500)
         output = proc.stdout + proc.stderr
+        offline = proc.returncode != 0 and uv_network_error(output)
+        if offline:  # the network went away while uv downloaded
+            pytest.skip(f"{command}: uv could not download ({offline})")
         if command == "uv run exercise_1":  # the untouched template
             assert proc.returncode == 1 and "start at TODO 1" in output, output
         else:
             assert proc.returncode == 0, f"{command}:\n{output}"
+
+
+def test_no_network_is_a_reason_to_skip(monkeypatch, tmp_path):
+    def unreachable(address, timeout=None):
+        assert timeout == 2.0  # a quick check, not uv's own retries
+        raise OSError(101, "Network is unreachable")
+
+    monkeypatch.setattr(socket, "create_connection", unreachable)
+    assert no_network_reason({}) == "no network: cannot reach pypi.org:443 ([Errno 101] Network is unreachable)"
+    assert package_index_hosts({"UV_DEFAULT_INDEX": "https://mirror.example:8443/simple"}) == ["mirror.example"]
+    assert "mirror.example" in no_network_reason({"UV_INDEX_URL": "https://mirror.example/simple"})
+    assert no_network_reason({"UV_OFFLINE": "1"}) == "UV_OFFLINE is set"
+    # The uv test itself skips, before it copies anything or calls uv.
+    monkeypatch.delenv("UV_OFFLINE", raising=False)
+    monkeypatch.delenv("UV_DEFAULT_INDEX", raising=False)
+    monkeypatch.delenv("UV_INDEX_URL", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="no network: cannot reach pypi.org"):
+        test_readme_uv_commands_run_in_a_fresh_copy(tmp_path)
+    assert not any(tmp_path.iterdir())
+
+
+def test_network_is_reachable_when_a_connection_opens(monkeypatch):
+    opened = []
+
+    class Connection:
+        def close(self):
+            opened.append("closed")
+
+    monkeypatch.setattr(socket, "create_connection", lambda address, timeout=None: Connection())
+    assert no_network_reason({}) is None
+    assert opened == ["closed", "closed"]  # the index and the host of its files
+
+
+def test_uv_network_errors_are_recognised():
+    offline = """Resolved 80 packages in 2ms
+error: Failed to fetch: `https://pypi.org/simple/torch/`
+  Caused by: Request failed after 3 retries
+  Caused by: error sending request for url (https://pypi.org/simple/torch/)
+  Caused by: client error (Connect)
+  Caused by: dns error: failed to lookup address information: Temporary failure in name resolution"""
+    assert uv_network_error(offline) == "Caused by: error sending request for url (https://pypi.org/simple/torch/)"
+    assert uv_network_error("error: Network connectivity is disabled, but the requested data "
+                            "wasn't found in the cache for: `torch`")
+    failed = """error: Failed to build `triton-workshop @ file:///tmp/project`
+  Caused by: The build backend returned an error
+  Caused by: Call to `setuptools.build_meta.build_editable` failed (exit status: 1)"""
+    assert uv_network_error(failed) is None  # a fault of the project: the test fails on it
+    assert uv_network_error("Traceback (most recent call last):\nAssertionError") is None
 
 
 def test_readme_example_diagnosis_is_what_the_checker_says(tmp_path):

@@ -24,8 +24,8 @@ from torch import nn
 from ..ops.attention import attention
 from ..ops.layer_norm import layer_norm
 from ..ops.layer_norm_linear import layer_norm_linear
-from ..ops.matmul import _check_activation, linear
-from ..ops.softmax import softmax
+from ..ops.matmul import check_activation, linear
+from ..ops.softmax import softmax, softmax_forward
 
 
 class LayerNorm(nn.Module):
@@ -109,7 +109,8 @@ class Linear(nn.Module):
 
     Same parameters (``weight`` (out, in), ``bias`` (out,)), same initialisation, and a
     ``torch.nn.Linear`` state_dict loads as is. ``input`` (..., in_features) must have the
-    weight's dtype (fp16, bf16 or fp32) and live where the kernels run.
+    weight's dtype (fp16, bf16 or fp32) and live where the kernels run; under ``torch.autocast``
+    both are cast to the autocast dtype first, as ``torch.nn.Linear``'s are.
     """
 
     __constants__ = ["in_features", "out_features", "activation", "leaky_relu_slope"]
@@ -126,7 +127,7 @@ class Linear(nn.Module):
     ) -> None:
         super().__init__()
         factory_kwargs = {"device": device, "dtype": dtype}
-        _check_activation(activation, leaky_relu_slope)
+        check_activation(activation, leaky_relu_slope)
         self.in_features = in_features
         self.out_features = out_features
         self.activation = activation
@@ -347,6 +348,29 @@ class MultiheadSelfAttention(nn.Module):
         )
 
 
+def _runs_its_own_forward(module: nn.Module, args) -> None:
+    """A forward pre-hook that changes nothing: being there is its job (see
+    :func:`keep_off_fused_encoder_path`)."""
+    return None
+
+
+def keep_off_fused_encoder_path(module: nn.Module) -> nn.Module:
+    """Make ``torch.nn.TransformerEncoderLayer`` call ``module``, its ``self_attn``, in eval mode.
+
+    In eval mode under ``no_grad`` the layer takes torch's fused path
+    (``torch._transformer_encoder_layer_fwd``), which reads ``self_attn.in_proj_weight`` and the
+    other parameters itself and never calls ``self_attn``: a drop-in there would be bypassed
+    silently. torch leaves that path when any of the layer's modules has a forward hook or
+    pre-hook, since the fused path would skip those too (the ``why_not_sparsity_fast_path``
+    checks of ``TransformerEncoderLayer.forward``); a pre-hook that changes nothing is therefore
+    what keeps the module called, at the cost of a hook call per forward. Idempotent. Run by
+    :class:`MultiheadAttention`'s ``__init__`` and ``train``/``eval``; code that gives a module
+    this class without its ``__init__`` (an in-place swap) calls it too."""
+    if not any(hook is _runs_its_own_forward for hook in module._forward_pre_hooks.values()):
+        module.register_forward_pre_hook(_runs_its_own_forward)
+    return module
+
+
 class MultiheadAttention(nn.Module):
     """Drop-in for ``torch.nn.MultiheadAttention``: same constructor, parameter names
     (``in_proj_weight``, ``in_proj_bias``, ``out_proj.weight``, ``out_proj.bias``, so its
@@ -366,6 +390,12 @@ class MultiheadAttention(nn.Module):
     then taken to be that causal mask (its values are not read). Not supported, with a
     ``ValueError``: other ``attn_mask``\\ s, ``key_padding_mask``, dropout while training,
     ``add_bias_kv``, ``add_zero_attn``, ``kdim``/``vdim`` other than ``embed_dim``.
+
+    Under ``torch.autocast`` it computes as torch's module does: projections and attention in
+    the autocast dtype, weights (``need_weights``) in the dtype torch's softmax gives. As the
+    ``self_attn`` of a ``torch.nn.TransformerEncoderLayer`` it is always called, eval mode and
+    ``no_grad`` included: torch's fused inference path, which would bypass it, is kept off (see
+    :func:`keep_off_fused_encoder_path`).
     """
 
     __constants__ = ["batch_first"]
@@ -417,9 +447,17 @@ class MultiheadAttention(nn.Module):
         self.bias_k = self.bias_v = None
         self.add_zero_attn = False
         self._reset_parameters()
+        keep_off_fused_encoder_path(self)
 
-    # Used by nn.TransformerEncoderLayer's inference fast path (which then computes with torch).
+    # torch's, for code that calls it on any self_attn (the encoder fast path no longer reaches
+    # this module: see keep_off_fused_encoder_path).
     merge_masks = nn.MultiheadAttention.merge_masks
+
+    def train(self, mode: bool = True):
+        # eval() is how a TransformerEncoderLayer becomes eligible for torch's fused path: make
+        # sure the guard is there then, also on an instance made without __init__.
+        keep_off_fused_encoder_path(self)
+        return super().train(mode)
 
     def _reset_parameters(self) -> None:
         """``torch.nn.MultiheadAttention._reset_parameters``: Xavier in-projection, zero biases."""
@@ -429,6 +467,12 @@ class MultiheadAttention(nn.Module):
             nn.init.constant_(self.out_proj.bias, 0.0)
 
     def _check(self, query, key, value, key_padding_mask, attn_mask, is_causal) -> None:
+        if any(isinstance(t, torch.Tensor) and t.is_nested for t in (query, key, value)):
+            raise ValueError(
+                "nested tensors are not supported (torch.nn.TransformerEncoder makes them from a "
+                "src_key_padding_mask in eval mode: build it with enable_nested_tensor=False, or "
+                "use torch's MultiheadAttention with padding masks)"
+            )
         for name, t in (("query", query), ("key", key), ("value", value)):
             if not isinstance(t, torch.Tensor) or t.dim() not in (2, 3) or t.shape[-1] != self.embed_dim:
                 shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
@@ -506,7 +550,10 @@ class MultiheadAttention(nn.Module):
 
     def _weights(self, q, k, causal: bool, average: bool) -> torch.Tensor:
         """softmax(q kᵀ / sqrt(D)) with PyTorch, (N, L, S) averaged over heads or (N, H, L, S)."""
-        scores = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(self.head_dim)
+        # In fp32 whatever the caller's autocast (which would compute the product in its low
+        # precision); the result takes the dtype torch.softmax gives under it (see the return).
+        with torch.autocast(q.device.type, enabled=False):
+            scores = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(self.head_dim)
         if causal:
             tgt_len, src_len = scores.shape[-2:]
             hidden = torch.ones(tgt_len, src_len, dtype=torch.bool, device=scores.device).triu(1)
@@ -514,7 +561,9 @@ class MultiheadAttention(nn.Module):
         weights = torch.softmax(scores, dim=-1)
         if average:
             weights = weights.mean(dim=1)
-        return weights.to(q.dtype)
+        # torch's MultiheadAttention returns its softmax's output: under autocast fp32 where
+        # torch.softmax is on the fp32 list (CUDA), else the dtype of the scores (q's).
+        return weights.to(softmax_forward.autocast_policy.dtype_for(q.device.type) or q.dtype)
 
     def extra_repr(self) -> str:
         return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "

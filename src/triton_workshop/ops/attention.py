@@ -182,13 +182,6 @@ DQ_CONFIGS = [
 _MAX_ACC_PER_THREAD = 64
 
 
-def _shared_memory_limit() -> int:
-    if runtime.INTERPRET or not torch.cuda.is_available():
-        return 227 * 1024
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    return getattr(props, "shared_memory_per_block_optin", 227 * 1024)
-
-
 def _prune(
     configs, element_size, head_dim_pad, accumulator_rows, shared_rows,
     registers_fit=None, preferred=None,
@@ -203,7 +196,7 @@ def _prune(
     ``preferred(c)``, when given, narrows what fits to the configs it accepts, if any.
     """
     # 4 KB spare: the compiler adds a little (reduction scratch, barriers) to what the tiles need.
-    limit = _shared_memory_limit() - 4096
+    limit = runtime.shared_memory_limit() - 4096
 
     def fits(c):
         if shared_rows(c) * head_dim_pad * element_size > limit:
@@ -765,11 +758,6 @@ def attn_bwd_dq_kernel(
 # --------------------------------------------------------------------------------------------
 # Launcher helpers.
 # --------------------------------------------------------------------------------------------
-def _bucket(n) -> int:
-    # Under torch.compile sizes may be symbolic; Inductor tunes user kernels itself, so the key
-    # is not needed there: pass the size through instead of guarding on it.
-    return triton.next_power_of_2(n) if isinstance(n, int) else n
-
 
 def _head_dim_pad(head_dim: int) -> int:
     return max(MIN_HEAD_DIM_PAD, triton.next_power_of_2(int(head_dim)))
@@ -787,8 +775,8 @@ def _dot_args(dtype: torch.dtype) -> dict:
 def _common_args(q: torch.Tensor, k: torch.Tensor, causal: bool) -> dict:
     n_q, n_k, head_dim = q.shape[2], k.shape[2], q.shape[3]
     return dict(
-        N_Q_BUCKET=_bucket(n_q),
-        N_K_BUCKET=_bucket(n_k),
+        N_Q_BUCKET=runtime.bucket(n_q),
+        N_K_BUCKET=runtime.bucket(n_k),
         HEAD_DIM=int(head_dim),
         HEAD_DIM_PAD=_head_dim_pad(head_dim),
         CAUSAL=bool(causal),
@@ -825,7 +813,8 @@ def _check_op_inputs(q, k, v, causal, scale) -> None:
 # --------------------------------------------------------------------------------------------
 # The registered ops: (B, H, N, D) inputs, validated; any strides.
 # --------------------------------------------------------------------------------------------
-@register_op("attention_forward", fake=_forward_fake)
+@register_op("attention_forward", fake=_forward_fake,
+             autocast="lower_precision_fp")  # as F.scaled_dot_product_attention
 def attention_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -985,6 +974,7 @@ def _check_qkv(q, k, v, *, ndims=(3, 4)) -> None:
         )
 
 
+@runtime.follows_autocast(attention_forward)
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,

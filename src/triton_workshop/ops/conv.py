@@ -196,11 +196,9 @@ def prune_gemm_configs(configs, named_args, **kwargs):
     channels of a group (the last step of every tap would be partly empty). Never returns an
     empty list.
     """
-    from .matmul import _shared_memory_limit  # the one place that knows the GPU's limit
-
     args = {**named_args, **kwargs}
     element_size = args["x_ptr"].element_size()
-    limit = _shared_memory_limit()
+    limit = runtime.shared_memory_limit()
     fitting = [c for c in configs if _gemm_shared_memory_bytes(c, element_size) <= limit]
     fitting = fitting or configs[:1]
     group_c, group_f = args["GROUP_C"], args["GROUP_F"]
@@ -590,10 +588,6 @@ def _empty_output(x: torch.Tensor, shape) -> torch.Tensor:
     return x.new_empty(shape)
 
 
-def _bucket(n) -> int:
-    # Symbolic sizes under torch.compile pass through (the key only matters to eager autotuning).
-    return runtime.next_power_of_2(n) if isinstance(n, int) else n
-
 
 def _conv2d_fake(x, weight, bias, stride, padding, dilation, groups):
     return _empty_output(x, _output_shape(x, weight, stride, padding, dilation))
@@ -695,7 +689,7 @@ def _plan(x_shape, x_strides, w_shape, dtype, geometry, groups, has_bias, precis
         return _ConvPlan(
             out_shape, out_strides, kernel=conv2d_depthwise_kernel, grid=depthwise_grid,
             scalars=(h, w, ow, ohw, m, n_filters, n_filters // groups, *x_strides,
-                     stride_yn, stride_yc, stride_yp, *conv_args, _bucket(m)),
+                     stride_yn, stride_yc, stride_yp, *conv_args, runtime.bucket(m)),
             consts=dict(
                 KH=int(kh), KW=int(kw),  # constexprs: int() pins symbolic sizes
                 HAS_BIAS=has_bias,
@@ -739,7 +733,7 @@ def _plan(x_shape, x_strides, w_shape, dtype, geometry, groups, has_bias, precis
     return _ConvPlan(
         out_shape, out_strides, kernel=conv2d_implicit_gemm_kernel, grid=gemm_grid,
         scalars=(h, w, ow, ohw, m, group_c, group_f, *x_strides, stride_wf, stride_wk,
-                 stride_yn, stride_yc, stride_yp, *conv_args, _bucket(m)),
+                 stride_yn, stride_yc, stride_yp, *conv_args, runtime.bucket(m)),
         consts=dict(
             KH=int(kh), KW=int(kw),  # constexprs: int() pins symbolic sizes
             HAS_BIAS=has_bias,
@@ -777,7 +771,7 @@ def _find_plan(x, weight, stride, padding, dilation, groups, has_bias) -> _ConvP
 # Per call: the plan, the output, the copies the plan asks for (a bias with a stride, a weight
 # not in the kernel's layout, x to channels-last) and the launch; everything else is planned.
 # --------------------------------------------------------------------------------------------
-@register_op("conv2d", fake=_conv2d_fake)
+@register_op("conv2d", fake=_conv2d_fake, autocast="lower_precision_fp")  # as F.conv2d
 def _conv2d(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -1041,6 +1035,7 @@ def _checked_geometry(x_shape, w_shape, bias_shape, stride, padding, dilation, g
     return tuple(stride), tuple(padding), tuple(dilation)
 
 
+@runtime.follows_autocast(_conv2d)
 def conv2d(
     x: torch.Tensor,
     weight: torch.Tensor,

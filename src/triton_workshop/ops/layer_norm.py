@@ -50,7 +50,7 @@ import triton.language as tl
 
 from .. import runtime
 from ..runtime import acc_dtype, chunk_tile, num_warps_for, register_op, row_tile
-from .softmax import SUPPORTED_DTYPES
+from ._common import FLOAT_DTYPES_WITH_FP64
 
 #: Longest row the forward keeps whole in registers; longer rows are streamed in
 #: :data:`FORWARD_CHUNK_COLS` chunks. Read at every launch, so a test can lower it. Measured on
@@ -371,7 +371,8 @@ def _layer_norm_forward_fake(x, weight, bias, norm_ndim, eps):
     )
 
 
-@register_op("layer_norm_forward", fake=_layer_norm_forward_fake)
+# Autocast as F.layer_norm: on torch's CUDA fp32 list, on no CPU list (there: dtypes as without).
+@register_op("layer_norm_forward", fake=_layer_norm_forward_fake, autocast={"cuda": "fp32"})
 def layer_norm_forward(
     x: torch.Tensor,
     weight: torch.Tensor | None,
@@ -689,7 +690,7 @@ def _check_normalized_shape(normalized_shape, x: torch.Tensor) -> tuple[int, ...
 def _check_param(t, name: str, shape: tuple[int, ...]) -> None:
     if t is None:
         return
-    runtime.check_tensor(t, name, dtypes=SUPPORTED_DTYPES)
+    runtime.check_tensor(t, name, dtypes=FLOAT_DTYPES_WITH_FP64)
     if tuple(t.shape) != shape:
         raise ValueError(f"{name} must have shape normalized_shape {shape}, got {tuple(t.shape)}")
 
@@ -704,7 +705,7 @@ def layer_norm(
     """``torch.nn.functional.layer_norm`` in Triton: fp16/bf16/fp32 inputs with fp32 statistics
     (fp64 computes in fp64), optional ``weight``/``bias`` of any float dtype, differentiable with
     a deterministic ``dweight``/``dbias``, and traceable by ``torch.compile``."""
-    runtime.check_tensor(x, "x", dtypes=SUPPORTED_DTYPES)
+    runtime.check_tensor(x, "x", dtypes=FLOAT_DTYPES_WITH_FP64)
     shape = _check_normalized_shape(normalized_shape, x)
     _check_param(weight, "weight", shape)
     _check_param(bias, "bias", shape)

@@ -112,13 +112,6 @@ def _shared_memory_bytes(config: triton.Config, element_size: int) -> int:
     return config.num_stages * (kw["BLOCK_M"] + kw["BLOCK_N"]) * kw["BLOCK_K"] * element_size
 
 
-def _shared_memory_limit() -> int:
-    if not torch.cuda.is_available():
-        return 227 * 1024
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    return getattr(props, "shared_memory_per_block_optin", 227 * 1024)
-
-
 def prune_configs(configs, named_args, **kwargs):
     """Drop, before benchmarking, the configs that cannot win.
 
@@ -128,7 +121,7 @@ def prune_configs(configs, named_args, **kwargs):
     """
     args = {**named_args, **kwargs}
     element_size = args["a_ptr"].element_size()
-    limit = _shared_memory_limit()
+    limit = runtime.shared_memory_limit()
     fitting = [c for c in configs if _shared_memory_bytes(c, element_size) <= limit] or configs[:1]
     sized = [
         c
@@ -421,11 +414,6 @@ def _batch_stride(t: torch.Tensor) -> int:
     return t.stride(0) if t.dim() == 3 and t.shape[0] != 1 else 0
 
 
-def _bucket(n) -> int:
-    # Under torch.compile the sizes may be symbolic; the autotune key is not used there (Inductor
-    # tunes user kernels itself), so pass the size through rather than guard on it.
-    return triton.next_power_of_2(n) if isinstance(n, int) else n
-
 
 def tf32_enabled() -> bool:
     """Whether PyTorch would use TF32 for an fp32 matmul on CUDA right now.
@@ -584,7 +572,7 @@ def launch_matmul(
             out.stride(0) if out.dim() == 3 else 0, out.stride(-2), out.stride(-1),
             bias.stride(0) if bias is not None else 0,
             slope,
-            _bucket(M), _bucket(N), _bucket(K),
+            runtime.bucket(M), runtime.bucket(N), runtime.bucket(K),
             A_M_GRAIN=_grain(a, -2), A_K_GRAIN=_grain(a, -1),
             B_K_GRAIN=_grain(b, -2), B_N_GRAIN=_grain(b, -1),
             INT32_TILE_OFFSETS=bool(_MAX_BLOCK * (out.stride(-2) + out.stride(-1)) < 2**31),

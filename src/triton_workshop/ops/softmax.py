@@ -40,17 +40,14 @@ computed in fp64 (so ``torch.autograd.gradcheck`` can check the kernels).
 from __future__ import annotations
 
 import functools
-import operator
 
 import torch
 import triton
 import triton.language as tl
 
 from .. import runtime
-from ..runtime import FLOAT_DTYPES, acc_dtype, chunk_tile, register_op, row_tile
-
-#: fp16/bf16/fp32 compute in fp32; fp64 is accepted too and computes in fp64 (gradcheck needs it).
-SUPPORTED_DTYPES = FLOAT_DTYPES + (torch.float64,)
+from ..runtime import acc_dtype, chunk_tile, register_op, row_tile
+from ._common import FLOAT_DTYPES_WITH_FP64, normalize_dim
 
 #: Longest row the single-block forward holds in registers: 32768 fp32 values over 32 warps are
 #: 32 registers a thread; past that the multi-block path streams the row instead. Read at every
@@ -75,11 +72,6 @@ MAX_ROWS_PER_PROGRAM = 128
 #: so 4 fit (64 warps, 4 rows in flight), the forward's occupancy at that width. The second read
 #: hits L1/L2 (the program read the same 32 KiB a moment before): DRAM traffic is unchanged.
 BACKWARD_RELOAD_MIN_ELEMS = 8192
-
-
-class DimError(ValueError, IndexError):
-    """``dim`` out of range: a ``ValueError`` like every bad argument here, and an ``IndexError``
-    like PyTorch raises (the same double parentage as numpy's ``AxisError``)."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -365,7 +357,8 @@ def _launch_plan(plan, single_block_kernel, online_kernel, tensors) -> None:
     runtime.launch_kernel(kernel, grid, tensors, scalars, consts, prepared)
 
 
-@register_op("softmax_forward", fake=_softmax_forward_fake)
+# Autocast as torch.softmax: on torch's CUDA fp32 list, on no CPU list (there: dtype as without).
+@register_op("softmax_forward", fake=_softmax_forward_fake, autocast={"cuda": "fp32"})
 def softmax_forward(x: torch.Tensor, dim: int) -> torch.Tensor:
     """Softmax of ``x`` over ``dim`` (already checked and made non-negative by :func:`softmax`)."""
     y = _new_output(x)
@@ -423,25 +416,10 @@ softmax_forward.register_autograd(_softmax_backward_autograd, setup_context=_sof
 # --------------------------------------------------------------------------------------------
 # Public function.
 # --------------------------------------------------------------------------------------------
-def normalize_dim(dim, ndim: int, name: str = "dim") -> int:
-    """``dim`` as an index in ``[0, ndim)``, accepting negatives like PyTorch; a 0-d tensor has
-    one position (``dim`` 0 or -1)."""
-    if isinstance(dim, bool):
-        raise TypeError(f"{name} must be an int, got bool")
-    try:
-        dim = operator.index(dim)
-    except TypeError:
-        raise TypeError(f"{name} must be an int, got {type(dim).__name__}") from None
-    size = max(ndim, 1)
-    if not -size <= dim < size:
-        raise DimError(f"{name} must be in [{-size}, {size - 1}] for a {ndim}-d tensor, got {dim}")
-    return dim % size
-
-
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """``torch.softmax(x, dim)`` in Triton: fp16/bf16/fp32 (fp32 arithmetic) and fp64, any dim,
     any strides, differentiable (a Triton backward), and traceable by ``torch.compile``."""
-    runtime.check_tensor(x, "x", dtypes=SUPPORTED_DTYPES)
+    runtime.check_tensor(x, "x", dtypes=FLOAT_DTYPES_WITH_FP64)
     dim = normalize_dim(dim, x.dim())
     if x.dim() == 0:  # one element, softmax 1 (NaN for -inf/NaN): the 1-element row of PyTorch
         return softmax_forward(x.reshape(1), 0).reshape(())

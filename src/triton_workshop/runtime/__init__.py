@@ -6,7 +6,8 @@ One job per file; this face re-exports what the ops use:
 * :mod:`.checks` - argument checks naming the argument, before anything launches;
 * :mod:`.tiling` - integer helpers, autotuning, block/warp heuristics;
 * :mod:`.launch` - the only door to Triton's private API (direct launches of compiled kernels);
-* :mod:`.registry` - the only door to torch's dispatch internals (registered ops, eager fast path).
+* :mod:`.registry` - the only door to torch's dispatch internals (registered ops, eager fast path,
+  autocast).
 """
 
 from . import mode  # first: sets TRITON_INTERPRET before Triton decorates anything
@@ -23,19 +24,23 @@ from .tiling import (  # noqa: E402
     RowTile,
     acc_dtype,
     autotune,
+    bucket,
     cdiv,
     chunk_tile,
     next_power_of_2,
     num_sms,
     num_warps_for,
     row_tile,
+    shared_memory_limit,
 )
 from . import launch  # noqa: E402
 from .launch import FastLaunch, PreparedLaunch, device_guard, fast_launcher  # noqa: E402
 from . import registry  # noqa: E402
 from .registry import (  # noqa: E402
+    AutocastPolicy,
     RegisteredOp,
     eager_backward,
+    follows_autocast,
     launch_directly,
     launch_kernel,
     launching_directly,
@@ -47,9 +52,9 @@ __all__ = [
     "mode", "launch", "registry",
     "DEVICE", "INTERPRET", "INTERPRET_REASON", "mode_description",
     "FLOAT_DTYPES", "check_kernel_device", "check_same_device", "check_same_dtype", "check_tensor",
-    "RowTile", "acc_dtype", "autotune", "cdiv", "chunk_tile", "next_power_of_2", "num_sms",
-    "num_warps_for", "row_tile",
+    "RowTile", "acc_dtype", "autotune", "bucket", "cdiv", "chunk_tile", "next_power_of_2", "num_sms",
+    "num_warps_for", "row_tile", "shared_memory_limit",
     "FastLaunch", "PreparedLaunch", "device_guard", "fast_launcher",
-    "RegisteredOp", "eager_backward", "launch_directly", "launch_kernel", "launching_directly",
-    "register_op", "wrap_triton",
+    "AutocastPolicy", "RegisteredOp", "eager_backward", "follows_autocast", "launch_directly",
+    "launch_kernel", "launching_directly", "register_op", "wrap_triton",
 ]

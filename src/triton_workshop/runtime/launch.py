@@ -2,9 +2,13 @@
 
 Everything here reaches past Triton's public surface: the compiled kernel's C launcher
 (``CompiledKernel.run``), the autotuner's ``best_config``, the JIT function's parameters, launch
-hooks in ``triton.knobs``, and one fix to the interpreter. Each use falls back to Triton's own
-public launch when what it reads is not what it expects. Also here: :func:`device_guard`, so a
-kernel launches on its tensor's own device.
+hooks in ``triton.knobs``, and two fixes to the interpreter (scalars as loop bounds; jit
+functions decorated before interpreter mode was chosen). Each use falls back to Triton's own
+public launch when what it reads is not what it expects, and while a setting that changes what
+Triton compiles or does around a launch is on (debug, instrumentation, pre-run hooks, ...).
+tests/test_launch.py runs the direct launches against the installed Triton's own objects (a
+kernel compiled for sm_90, no GPU needed), so that a change in Triton shows there. Also here:
+:func:`device_guard`, so a kernel launches on its tensor's own device.
 """
 
 from __future__ import annotations
@@ -45,8 +49,84 @@ def _squeeze_interpreter_index() -> bool:
     return True
 
 
+def _interpret_early_jit_functions() -> str:
+    """Run the ``@triton.jit`` functions decorated before interpreter mode was chosen in the
+    interpreter too, so that the mode holds whatever was imported first.
+
+    Triton chooses between compiling and interpreting when ``@triton.jit`` *decorates* a function
+    (it reads ``TRITON_INTERPRET`` then). Importing ``torch._dynamo``, torchvision, timm or
+    transformers' models imports Triton before this package can set the variable, so Triton's own
+    helpers (``tl.cdiv``, ``tl.sigmoid``, the combine functions of ``tl.max``/``tl.sum``, ...)
+    are GPU ``JITFunction`` objects. An interpreted kernel that calls one fails ("Cannot call
+    @triton.jit'd outside of the scope of a kernel"); a kernel of the user's decorated that early
+    fails to launch ("0 active drivers"). In interpreter mode neither can work otherwise, so both
+    calls go to an ``InterpretedFunction`` of the same Python function, which is what the
+    decorator makes in interpreter mode (one per function, made on first use; the objects stay
+    the same, so the interpreter's identity checks on ``tl.standard``'s combine functions still
+    hold). Triton 3.6-3.9 have everything read here; where something differs nothing is changed
+    and a warning says how to avoid the problem. Returns what was done ("" when nothing
+    needed doing)."""
+    try:
+        import triton.language as tl
+        from triton.runtime.interpreter import InterpretedFunction
+        from triton.runtime.jit import JITFunction
+    except ImportError as exc:  # pragma: no cover - a Triton without these modules
+        return _cannot_interpret_early_jit(f"{exc}")
+    if getattr(JITFunction, "_triton_workshop_interprets", False):
+        return "already routed"
+    early = [value for value in vars(tl).values() if isinstance(value, JITFunction)]
+    if not early:
+        return ""  # Triton was imported after the mode was set: every function is interpreted
+    try:
+        run_parameters = inspect.signature(InterpretedFunction.run).parameters
+        if not (callable(getattr(early[0], "fn", None)) and "grid" in run_parameters
+                and "warmup" in run_parameters and callable(InterpretedFunction.__call__)):
+            return _cannot_interpret_early_jit("InterpretedFunction or JITFunction changed")
+    except (TypeError, ValueError) as exc:
+        return _cannot_interpret_early_jit(f"{exc}")
+
+    interpreted: dict = {}
+
+    def interpreted_twin(jit_function):
+        twin = interpreted.get(jit_function.fn)
+        if twin is None:
+            twin = interpreted[jit_function.fn] = InterpretedFunction(jit_function.fn)
+        return twin
+
+    def call(self, *args, **kwargs):  # a device function called from an interpreted kernel
+        return interpreted_twin(self)(*args, **kwargs)
+
+    def run(self, *args, grid, warmup, **kwargs):  # kernel[grid](...) of an early kernel
+        return interpreted_twin(self).run(*args, grid=grid, warmup=warmup, **kwargs)
+
+    # Triton's own two, kept: tests compile for sm_90 in this process (tests/test_launch.py).
+    JITFunction._triton_workshop_compiled = {"__call__": JITFunction.__call__,
+                                             "run": JITFunction.run}
+    JITFunction.__call__ = call
+    JITFunction.run = run
+    JITFunction._triton_workshop_interprets = True
+    return f"routed {len(early)} early triton.language functions (and any other) to the interpreter"
+
+
+def _cannot_interpret_early_jit(why: str) -> str:
+    import warnings
+
+    warnings.warn(
+        "triton-workshop: Triton was imported before interpreter mode was chosen, and its jit "
+        f"functions could not be switched to the interpreter ({why}): kernels may fail with "
+        "\"Cannot call @triton.jit'd outside of the scope of a kernel\". Import triton_workshop "
+        "before torch._dynamo, torchvision, timm or transformers, or set TRITON_INTERPRET=1 "
+        "before Python starts.", RuntimeWarning, stacklevel=2)
+    return f"not routed: {why}"
+
+
 if mode.INTERPRET:
     _squeeze_interpreter_index()
+    #: What :func:`_interpret_early_jit_functions` did at import ("" when Triton was imported
+    #: after the mode was set, the usual order).
+    EARLY_JIT_FUNCTIONS = _interpret_early_jit_functions()
+else:
+    EARLY_JIT_FUNCTIONS = ""
 
 
 _NO_GUARD = contextlib.nullcontext()
@@ -69,6 +149,98 @@ FAST_LAUNCH = not mode.INTERPRET and os.environ.get("TRITON_WORKSHOP_FAST_LAUNCH
 #: Launch keys remembered per kernel (a key per shape in practice).
 FAST_LAUNCH_CACHE_SIZE = 512
 
+#: ``triton.knobs`` and its ``runtime`` / ``compilation`` groups (Triton >= 3.3), looked up once,
+#: not on every launch (the settings themselves are read from them at each launch).
+_KNOBS = getattr(triton, "knobs", None)
+_RUNTIME_KNOBS = getattr(_KNOBS, "runtime", None)
+_COMPILATION_KNOBS = getattr(_KNOBS, "compilation", None)
+_HOOK_CHAIN = getattr(_KNOBS, "HookChain", None)
+
+#: What a direct launch reads from ``triton.knobs`` at every launch. Triton 3.6-3.9 have all of
+#: them; where one is missing the fast path is off (see :func:`_knobs_problem`).
+_KNOBS_READ = (("runtime", "debug"), ("runtime", "launch_enter_hook"),
+               ("runtime", "launch_exit_hook"), ("runtime", "add_stages_inspection_hook"),
+               ("compilation", "instrumentation_mode"))
+
+#: The parameters of the backend's C launcher (``CompiledKernel.run``) before the kernel's own
+#: arguments, as :func:`_run_entry` passes them: Triton 3.7+ names them all; Triton 3.6 names the
+#: first five and takes packed metadata, launch metadata and the two launch hooks in ``*args``,
+#: in the same order.
+_LAUNCHER_SIGNATURES = (
+    ("gridX", "gridY", "gridZ", "stream", "function", "kernel_metadata", "launch_metadata",
+     "launch_enter_hook", "launch_exit_hook"),
+    ("gridX", "gridY", "gridZ", "stream", "function"),
+)
+
+
+class _Drift(Exception):
+    """Triton's objects are not what this module was written against."""
+
+
+def _knobs_problem() -> str:
+    """Which setting a direct launch reads is missing from ``triton.knobs`` ('' when none)."""
+    for group, name in _KNOBS_READ:
+        if not hasattr(getattr(_KNOBS, group, None), name):
+            return f"triton.knobs.{group}.{name} is missing"
+    if _HOOK_CHAIN is None:
+        return "triton.knobs.HookChain is missing"
+    return ""
+
+
+_KNOBS_PROBLEM = _knobs_problem()
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "0") not in ("", "0", "false", "False")
+
+
+def compile_settings_reason(jit) -> str:
+    """The setting under which ``jit``'s launches must go through Triton ('' when none).
+
+    Checked at the first launch of each key (when Triton compiles or looks the kernel up):
+    everything that changes the code Triton compiles or what it does around a launch. Triton's
+    own cache of compiled kernels keys on debug and instrumentation only; the compile-only
+    settings (address sanitizer, IR override, another architecture) are here too, so that a
+    kernel built or run under them always goes through Triton. The settings Triton reads at
+    every launch are checked again at every direct launch (:func:`_run_entry`)."""
+    runtime_knobs, compilation = _RUNTIME_KNOBS, _COMPILATION_KNOBS
+    checks = (
+        ("triton.knobs.runtime.debug", runtime_knobs.debug),
+        ("TRITON_DEBUG", _env_flag("TRITON_DEBUG")),
+        ("the kernel's debug=True", jit.debug),
+        ("triton.knobs.compilation.instrumentation_mode", compilation.instrumentation_mode),
+        ("TRITON_INSTRUMENTATION_MODE", os.environ.get("TRITON_INSTRUMENTATION_MODE")),
+        ("triton.knobs.compilation.enable_asan", getattr(compilation, "enable_asan", False)),
+        ("triton.knobs.compilation.override", getattr(compilation, "override", False)),
+        ("triton.knobs.runtime.override_arch", getattr(runtime_knobs, "override_arch", None)),
+        ("triton.knobs.runtime.add_stages_inspection_hook",
+         runtime_knobs.add_stages_inspection_hook is not None),
+        ("the kernel's pre-run hooks", jit.pre_run_hooks),
+    )
+    return next((name for name, on in checks if on), "")
+
+
+_LAUNCHERS_CHECKED: set = set()
+
+
+def _check_launcher(run) -> None:
+    """Raise :class:`_Drift` unless ``run`` (``CompiledKernel.run``, the backend's launcher)
+    takes its arguments as :func:`_run_entry` passes them. Once per launcher class."""
+    cls = type(run)
+    if cls in _LAUNCHERS_CHECKED:
+        return
+    try:
+        params = list(inspect.signature(cls.__call__).parameters.values())[1:]  # without self
+    except (TypeError, ValueError) as exc:
+        raise _Drift(f"the launcher {cls.__name__} has no signature to check") from exc
+    named = tuple(p.name for p in params
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+    rest = [p.kind for p in params if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if named not in _LAUNCHER_SIGNATURES or rest != [inspect.Parameter.VAR_POSITIONAL]:
+        raise _Drift(f"the launcher {cls.__name__} takes ({', '.join(named)}, ...), not "
+                     f"({', '.join(_LAUNCHER_SIGNATURES[0])}, *args)")
+    _LAUNCHERS_CHECKED.add(cls)
+
 
 class FastLaunch:
     """``kernel[grid](*args, **kwargs)`` that remembers what Triton decided the first time.
@@ -84,26 +256,72 @@ class FastLaunch:
     would not: every non-tensor argument by type and exact value, every tensor by dtype and
     16-byte alignment of its data pointer (all Triton specialises a pointer on), the keyword
     arguments (constexprs, launch options), the device, and the grid (a callable grid by its code
-    and the values it closes over). Kernels with tuning hooks (``reset_to_zero``,
-    ``restore_value``, pre-hooks) always take Triton's path. Any failure turns the fast path off
-    for the process, with a warning, and Triton's path takes over.
+    and the values it closes over).
+
+    Triton's path is taken, always, for kernels whose arguments come from Python at each launch
+    (tuning hooks ``reset_to_zero``, ``restore_value``, pre- and post-hooks, ``Heuristics``);
+    and for as long as a setting changes what Triton compiles or does around a launch
+    (:func:`compile_settings_reason`: debug, instrumentation, the kernel's pre-run hooks, ...);
+    with a launch hook set, the compiled kernel's own runner calls it. Triton's objects are
+    checked against what this class reads from them when it is made and when a key is first
+    seen (:class:`_Drift`); any mismatch or failure turns the fast path off for the process,
+    with a warning, and Triton's path takes over.
     """
 
     def __init__(self, kernel):
         self.kernel = kernel
-        jit = kernel
-        while not hasattr(jit, "arg_names") or not hasattr(jit, "params"):
-            jit = jit.fn
-        self.arg_names = list(jit.arg_names)
-        self.defaults = {p.name: p.default for p in jit.params if p.has_default}
-        self.autotuned = hasattr(kernel, "configs")
         self.cache: dict = {}
         self._lock = threading.RLock()
-        self.usable = not (self.autotuned and (
-            kernel.reset_to_zero or kernel.restore_value
-            or getattr(kernel, "user_defined_pre_hook", False)
-            or getattr(kernel, "user_defined_post_hook", False)
-            or any(c.pre_hook for c in kernel.configs)))
+        self.jit = None
+        self.arg_names: list = []
+        self.defaults: dict = {}
+        self.autotuned = False
+        try:
+            #: Why this kernel always launches through Triton ('' when it need not).
+            self.reason = self._inspect(kernel)
+        except Exception as exc:  # noqa: BLE001 - whatever Triton changed: its own path from now on
+            self.reason = f"{type(exc).__name__}: {exc}"
+            self._give_up(exc)
+        self.usable = not self.reason
+
+    def _inspect(self, kernel) -> str:
+        """Read what the fast path needs from ``kernel`` (an ``Autotuner`` over a
+        ``JITFunction``, or the ``JITFunction``); return why it cannot be used ('' when it can).
+        Raises :class:`_Drift` (or AttributeError, ...) where Triton's objects differ."""
+        if _KNOBS_PROBLEM:
+            raise _Drift(_KNOBS_PROBLEM)
+        chain = [kernel]
+        while not (hasattr(chain[-1], "params") and hasattr(chain[-1], "arg_names")):
+            if type(chain[-1]).__name__ == "InterpretedFunction":
+                return "the interpreter runs it: there is no compiled kernel to call"
+            if len(chain) > 4:
+                raise _Drift(f"no JITFunction under {type(kernel).__name__}")
+            chain.append(chain[-1].fn)
+        jit, wrappers = chain[-1], chain[:-1]
+        if wrappers and (len(wrappers) > 1 or not hasattr(wrappers[0], "configs")):
+            return (f"{' over '.join(type(w).__name__ for w in wrappers)} computes arguments "
+                    "in Python at each launch")
+        names = list(jit.arg_names)
+        params = list(jit.params)
+        if [p.name for p in params] != names or not all(isinstance(n, str) for n in names):
+            raise _Drift(f"{type(jit).__name__}.params do not match its arg_names")
+        defaults = {p.name: p.default for p in params if p.has_default}
+        if not isinstance(jit.pre_run_hooks, list) or jit.debug not in (None, True, False):
+            raise _Drift(f"{type(jit).__name__}.pre_run_hooks or .debug changed type")
+        if not callable(getattr(kernel, "__getitem__", None)):
+            raise _Drift(f"{type(kernel).__name__} cannot be launched as kernel[grid]")
+        if wrappers:
+            tuner = kernel
+            configs = list(tuner.configs)
+            if not configs or not all(callable(c.all_kwargs) for c in configs):
+                raise _Drift(f"{type(tuner).__name__}.configs are not triton.Config objects")
+            hooks = (tuner.reset_to_zero, tuner.restore_value, tuner.user_defined_pre_hook,
+                     tuner.user_defined_post_hook, *(c.pre_hook for c in configs))
+            if any(hooks):
+                return "its tuning hooks run in Python at each launch"
+        self.jit, self.arg_names, self.defaults = jit, names, defaults
+        self.autotuned = bool(wrappers)
+        return ""
 
     def __getitem__(self, grid):
         return functools.partial(self._launch, grid)
@@ -148,24 +366,42 @@ class FastLaunch:
                 if len(self.cache) >= FAST_LAUNCH_CACHE_SIZE:  # many shapes: start over, bounded
                     self.cache.clear()
                 compiled = self.kernel[grid](*args, **kwargs)
-                try:
-                    entry = self.cache[key] = self._entry(compiled, grid, args, kwargs, device)
-                except Exception as exc:  # noqa: BLE001 - any surprise: stop using the fast path
-                    self._give_up(exc)
+                entry = self._new_entry(compiled, grid, args, kwargs, device)
+                if entry is not None:
+                    self.cache[key] = entry
             return compiled, entry
         try:
-            _run_entry(entry, args)
-        except Exception as exc:  # noqa: BLE001
+            if _run_entry(entry, args):
+                return entry[0], entry
+        except Exception as exc:  # noqa: BLE001 - any surprise: stop using the fast path
             self._give_up(exc)
-            return self.kernel[grid](*args, **kwargs), None
-        return entry[0], entry
+        return self.kernel[grid](*args, **kwargs), None
+
+    def _new_entry(self, compiled, grid, args, kwargs, device):
+        """The cache entry for a launch Triton has just made, or None where later launches with
+        its key go through Triton too (a setting of :func:`compile_settings_reason`, a config
+        with a pre-hook, no compiled kernel returned, or anything unexpected)."""
+        if compiled is None or compile_settings_reason(self.jit):
+            return None  # None: a jit_cache_hook told Triton not to compile, nothing launched
+        try:
+            if self.autotuned and self.kernel.best_config.pre_hook is not None:
+                return None
+            return self._entry(compiled, grid, args, kwargs, device)
+        except Exception as exc:  # noqa: BLE001 - any surprise: stop using the fast path
+            self._give_up(exc)
+            return None
 
     def _entry(self, compiled, grid, args, kwargs, device):
-        """``(compiled kernel, 3-d grid, tail, C launcher, device)`` for a launch just made;
-        ``tail``: the values of the parameters after the positional ones (keyword arguments, the
-        autotuner's constexprs, defaults), fixed for the key."""
+        """``(compiled kernel, 3-d grid, tail, C launcher, device, JIT function)`` for a launch
+        just made; ``tail``: the values of the parameters after the positional ones (keyword
+        arguments, the autotuner's constexprs, defaults), fixed for the key. Raises
+        :class:`_Drift` where the compiled kernel is not what :func:`_run_entry` calls."""
         if type(compiled).__name__ != "CompiledKernel":
-            raise TypeError(f"launch returned {type(compiled).__name__}, not a CompiledKernel")
+            raise _Drift(f"launch returned {type(compiled).__name__}, not a CompiledKernel")
+        run = compiled.run  # the C launcher (loaded by the launch just made)
+        _check_launcher(run)
+        if compiled.function is None or not hasattr(compiled, "packed_metadata"):
+            raise _Drift("the CompiledKernel has no loaded function or packed metadata")
         extra = dict(self.kernel.best_config.all_kwargs()) if self.autotuned else {}
         extra = {k: v for k, v in extra.items() if k in self.arg_names}
         all_args = self._all_args(args, kwargs, extra)
@@ -173,7 +409,7 @@ class FastLaunch:
             grid = grid(dict(zip(self.arg_names, all_args)))
         grid3 = (*grid, 1, 1)[:3]
         tail = tuple(all_args[len(args):])
-        return compiled, grid3, tail, compiled.run, device  # compiled.run: the C launcher
+        return compiled, grid3, tail, run, device, self.jit
 
     def _all_args(self, args, kwargs, extra) -> list:
         """Every kernel parameter's value, in order (what Triton passes its compiled kernel):
@@ -181,6 +417,9 @@ class FastLaunch:
         values = dict(zip(self.arg_names, args))
         values.update(kwargs)
         values.update(extra)
+        missing = [n for n in self.arg_names if n not in values and n not in self.defaults]
+        if missing:
+            raise _Drift(f"no value for parameter(s) {', '.join(missing)}")
         return [values[n] if n in values else self.defaults[n] for n in self.arg_names]
 
     @staticmethod
@@ -204,33 +443,45 @@ def _other_key(a):
     return (type(a), a)
 
 
-def _run_entry(entry, args) -> None:
-    """Launch a :class:`FastLaunch` cache entry with the positional arguments ``args``."""
-    compiled, grid3, tail, run, device = entry
-    stream = _current_raw_stream(device)
-    if _RUNTIME_KNOBS is not None and _no_hook(_RUNTIME_KNOBS.launch_enter_hook) \
-            and _no_hook(_RUNTIME_KNOBS.launch_exit_hook):
-        # What CompiledKernel's runner does when no launch hook is set (Triton >= 3.3), without
-        # building a runner closure and its launch metadata every launch. The parameters after
-        # the positional ones (``tail``) are part of the entry's key: fixed.
+def _run_entry(entry, args) -> bool:
+    """Launch a :class:`FastLaunch` cache entry with the positional arguments ``args``; False
+    (nothing launched) where a setting Triton reads at every launch says its own path must
+    take this one."""
+    compiled, grid3, tail, run, device, jit = entry
+    runtime_knobs = _RUNTIME_KNOBS
+    # What Triton's JITFunction.run reads at every launch besides the arguments: debug and
+    # instrumentation are part of its cache key (another kernel would be compiled), a stages
+    # hook too (Triton 3.7+), and it calls the kernel's pre-run hooks first.
+    if (runtime_knobs.debug or jit.debug or jit.pre_run_hooks
+            or _COMPILATION_KNOBS.instrumentation_mode
+            or runtime_knobs.add_stages_inspection_hook is not None):
+        return False
+    stream = torch._C._cuda_getCurrentRawStream(device)
+    try:
+        hooked = runtime_knobs.launch_enter_hook.calls or runtime_knobs.launch_exit_hook.calls
+    except AttributeError:  # a hook set as a plain function (or None), not added to the chain
+        hooked = (runtime_knobs.launch_enter_hook is not None
+                  or runtime_knobs.launch_exit_hook is not None)
+    if hooked:  # the runner builds the hooks' launch metadata and hands them to the launcher
+        compiled[grid3](*args, *tail, stream=stream)
+    else:
+        # What CompiledKernel's runner does when no launch hook is set, without building a
+        # runner closure and its launch metadata every launch. The parameters after the
+        # positional ones (``tail``) are part of the entry's key: fixed.
         run(*grid3, stream, compiled.function, compiled.packed_metadata, None, None, None,
             *args, *tail)
-    else:
-        compiled[grid3](*args, *tail, stream=stream)
-
-
-def _current_raw_stream(device: int):
-    return torch._C._cuda_getCurrentRawStream(device)
+    return True
 
 
 class PreparedLaunch:
     """One launch of a compiled kernel, to be repeated with other tensors.
 
-    Made by :func:`launch` for a launcher whose *plan* (a cached description of one shape:
-    grid, scalar arguments, constexprs, the tensors' dtypes) fixes everything Triton specialises
-    on except the tensors' addresses. Calling it with new tensors of the same dtypes and 16-byte
-    alignment, on the same device, runs Triton's C launcher and nothing else: no key over every
-    argument (:class:`FastLaunch`'s cost), no binding (Triton's)."""
+    Made by :func:`launch_prepared` for a launcher whose *plan* (a cached description of one
+    shape: grid, scalar arguments, constexprs, the tensors' dtypes) fixes everything Triton
+    specialises on except the tensors' addresses. Calling it with new tensors of the same dtypes
+    and 16-byte alignment, on the same device, runs Triton's C launcher and nothing else: no key
+    over every argument (:class:`FastLaunch`'s cost), no binding (Triton's). Where a setting of
+    :func:`_run_entry` is on, it launches through Triton."""
 
     __slots__ = ("kernel", "grid", "kwargs", "entry")
 
@@ -240,8 +491,8 @@ class PreparedLaunch:
     def __call__(self, *args) -> None:
         if FAST_LAUNCH:
             try:
-                _run_entry(self.entry, args)
-                return
+                if _run_entry(self.entry, args):
+                    return
             except Exception as exc:  # noqa: BLE001 - as FastLaunch: Triton's path from now on
                 FastLaunch._give_up(exc)
         self.kernel[self.grid](*args, **self.kwargs)
@@ -269,19 +520,8 @@ def launch_prepared(kernel, grid, tensors: tuple, scalars: tuple, consts: dict, 
 FAST_LAUNCHERS: dict[int, FastLaunch] = {}
 
 
-def _no_hook(hook) -> bool:
-    """No launch hook: None (Triton 3.3-3.6) or an empty ``HookChain`` (later releases)."""
-    return hook is None or (type(hook).__name__ == "HookChain" and not hook.calls)
-
-
-#: ``triton.knobs.runtime`` (launch hooks live there from Triton 3.3 on), else None; looked up
-#: once, not on every launch (the hooks themselves are read from it at each launch).
-_RUNTIME_KNOBS = getattr(getattr(triton, "knobs", None), "runtime", None)
-
-
 def fast_launcher(kernel) -> FastLaunch:
     launcher = FAST_LAUNCHERS.get(id(kernel))
     if launcher is None or launcher.kernel is not kernel:
         launcher = FAST_LAUNCHERS[id(kernel)] = FastLaunch(kernel)
     return launcher
-

@@ -1,12 +1,18 @@
-"""Interpreter or GPU, decided once, before any kernel is decorated.
+"""Interpreter or GPU, decided once, on import, whatever was imported first.
 
 Triton reads ``TRITON_INTERPRET`` when ``@triton.jit`` *decorates* a function, so the choice between
-the interpreter and the GPU compiler has to be made before any kernel module is imported. It is made
-here, on import (``triton_workshop/__init__.py`` imports the runtime first):
+the interpreter and the GPU compiler is made here, on import, before the package's kernel modules
+are imported (``triton_workshop/__init__.py`` imports the runtime first):
 
 * the user set ``TRITON_INTERPRET=1``: interpreter, even on a GPU machine;
 * no CUDA device: interpreter, set for the user, and said once on stderr;
 * otherwise: kernels compile for the GPU.
+
+Triton may have been imported already (``torch._dynamo``, torchvision, timm and transformers import
+it), in which case its own jit helpers (``tl.cdiv``, ...) and any kernel decorated before this
+point were made for the GPU. The decision still holds: in interpreter mode
+:mod:`.launch` (the only module that reaches into Triton) runs those in the interpreter too.
+:data:`TRITON_IMPORTED_FIRST` records whether that was the case.
 """
 
 from __future__ import annotations
@@ -17,6 +23,11 @@ import sys
 import torch
 
 _QUIET = os.environ.get("TRITON_WORKSHOP_QUIET", "") not in ("", "0")
+
+
+#: Whether Triton was imported before the mode was decided (by the user, or by torch._dynamo and
+#: the libraries that import it): its jit functions decorated until then were made for the GPU.
+TRITON_IMPORTED_FIRST = "triton" in sys.modules
 
 
 def _decide_interpreter() -> tuple[bool, str]:
@@ -41,6 +52,8 @@ if INTERPRET and not _QUIET:
         "Triton's interpreter; results are exact, speed is not representative.",
         file=sys.stderr,
     )
+
+
 def mode_description() -> str:
     if INTERPRET:
         return f"interpreter ({INTERPRET_REASON})"

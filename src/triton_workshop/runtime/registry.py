@@ -4,6 +4,17 @@ Every public op is a registered PyTorch op (``torch.ops.triton_workshop.*``), so
 ``torch.compile``; plain eager calls skip the dispatcher (:class:`RegisteredOp`), which costs more
 than a small kernel runs. Whether a launcher runs eagerly or is being traced decides how its
 kernels launch (:func:`wrap_triton`, :func:`launch_kernel`).
+
+**Autocast.** Each op declares, once, how it follows ``torch.autocast`` (``register_op(...,
+autocast=...)``), in the terms of torch's own cast policies: ``"lower_precision_fp"`` (torch's
+matmul/linear/conv/attention list: floating-point inputs to the autocast dtype of their device
+type, ``torch.get_autocast_dtype``) or ``"fp32"`` (torch's fp32 list: to float32), per device
+type where torch's CPU and CUDA lists differ. One :class:`AutocastPolicy` applies it on every
+path: torch's dispatcher (an ``Autocast<Device>`` kernel, so ``torch.ops.triton_workshop.*``, the
+autograd and ``torch.compile`` see the casts), the eager fast path of :class:`RegisteredOp`, and
+the public functions (:func:`follows_autocast`), whose argument checks run on the cast tensors.
+As in torch, only floating-point tensors other than float64 on the autocast device type are
+cast, and an op's own implementation runs with autocast off (nested ops do not cast again).
 """
 
 from __future__ import annotations
@@ -82,6 +93,7 @@ def register_op(
     *,
     fake: Callable | None = None,
     mutates_args: Sequence[str] = (),
+    autocast: "str | dict[str, str | None] | None" = None,
 ) -> Callable[[Callable], Callable]:
     """Register a launcher as the PyTorch op ``triton_workshop::<name>``.
 
@@ -91,8 +103,14 @@ def register_op(
     ``triton_op`` does not survive ``torch.compile`` (Inductor tries to run the kernel on fake
     storage), so there it is an opaque ``torch.library.custom_op`` with ``fake`` registered as its
     shape function. Autograd is added afterwards with ``op.register_autograd``.
+
+    ``autocast`` is how the op follows ``torch.autocast``, as the torch op it replaces does: None
+    (not in torch's autocast lists: dtypes as without autocast), ``"lower_precision_fp"`` or
+    ``"fp32"`` for every device type, or a dict from device type (``"cpu"``, ``"cuda"``) to one of
+    those or None (see :class:`AutocastPolicy`).
     """
     qualname = f"triton_workshop::{name}"
+    policy = AutocastPolicy(autocast)
 
     def decorate(launcher: Callable) -> "RegisteredOp":
         if mode.INTERPRET:
@@ -105,7 +123,177 @@ def register_op(
             op.register_fake(fake)
         else:
             op = torch.library.triton_op(qualname, mutates_args=tuple(mutates_args))(launcher)
-        return RegisteredOp(op, launch_directly(launcher))
+        _register_autocast(name, policy)
+        return RegisteredOp(op, launch_directly(launcher), policy)
+
+    return decorate
+
+
+# --------------------------------------------------------------------------------------------
+# Autocast.
+# --------------------------------------------------------------------------------------------
+#: torch's cast policies (``CastPolicy`` in ATen's autocast_mode.h) that ops here follow.
+LOWER_PRECISION_FP = "lower_precision_fp"
+FP32 = "fp32"
+_RULES = (LOWER_PRECISION_FP, FP32)
+#: Device types the kernels run on (the interpreter reads CPU and CUDA tensors).
+_AUTOCAST_DEVICE_TYPES = ("cpu", "cuda")
+
+#: Whether autocast is on for any device type: one C call, the whole cost of the check while
+#: autocast is off (torch.compile folds it to a constant and guards on it). Torch builds without
+#: it pay for the full check instead.
+_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
+
+
+class AutocastPolicy:
+    """How one op follows ``torch.autocast``: a rule per device type (``"lower_precision_fp"``:
+    floating-point tensors to ``torch.get_autocast_dtype(device_type)``; ``"fp32"``: to float32;
+    absent: untouched), applied to the floating-point tensors (not float64) on that device type,
+    as torch's autocast casts them. The device type of a call is that of its first tensor."""
+
+    __slots__ = ("rules",)
+
+    def __init__(self, spec: "str | dict[str, str | None] | None" = None):
+        if spec is None:
+            rules = {}
+        elif isinstance(spec, str):
+            rules = {device_type: spec for device_type in _AUTOCAST_DEVICE_TYPES}
+        elif isinstance(spec, dict):
+            rules = {k: v for k, v in spec.items() if v is not None}
+            unknown = [k for k in spec if k not in _AUTOCAST_DEVICE_TYPES]
+            if unknown:
+                raise ValueError(f"autocast names device types {unknown}; expected some of "
+                                 f"{list(_AUTOCAST_DEVICE_TYPES)}")
+        else:
+            raise TypeError(f"autocast must be None, a rule or a dict of rules, got {spec!r}")
+        bad = [r for r in rules.values() if r not in _RULES]
+        if bad:
+            raise ValueError(f"autocast rules must be one of {list(_RULES)}, got {bad}")
+        self.rules: dict[str, str] = rules
+
+    def __bool__(self) -> bool:
+        return bool(self.rules)
+
+    def __repr__(self) -> str:
+        return f"AutocastPolicy({self.rules!r})"
+
+    def dtype_for(self, device_type: str) -> "torch.dtype | None":
+        """The dtype this op's floating-point inputs on ``device_type`` are cast to now (None:
+        autocast is off for that device type, or the op is not on its lists there)."""
+        rule = self.rules.get(device_type)
+        if rule is None or not torch.is_autocast_enabled(device_type):
+            return None
+        if rule == LOWER_PRECISION_FP:
+            return torch.get_autocast_dtype(device_type)
+        return torch.float32
+
+    def cast(self, args: tuple, kwargs: dict | None = None):
+        """``(args, kwargs)`` with the casts autocast asks for now (the same objects when none).
+
+        Cheap while autocast is off everywhere (one C call), and a no-op inside an op's own
+        implementation: a launcher runs with autocast off, as torch runs an op's kernels below
+        its autocast key. The device type of the call is that of its first tensor."""
+        if not self.rules or not _any_autocast() or getattr(_direct, "on", False):
+            return args, kwargs
+        for a in (*args, *kwargs.values()) if kwargs else args:
+            if isinstance(a, _Tensor):
+                device_type = _device_type(a)
+                break
+        else:
+            return args, kwargs
+        dtype = self.dtype_for(device_type)
+        if dtype is None:
+            return args, kwargs
+        return _cast_all(args, kwargs, device_type, dtype)
+
+
+def _device_type(t: torch.Tensor) -> str:
+    # t.device builds a torch.device object: several times the cost of these two flags.
+    return "cuda" if t.is_cuda else "cpu" if t.is_cpu else t.device.type
+
+
+def _needs_cast(a, device_type: str, dtype: torch.dtype) -> bool:
+    """torch's eligibility (``is_eligible`` in ATen's autocast_mode.h): a floating-point tensor
+    on the autocast device type, never float64; and not already of ``dtype``."""
+    if not isinstance(a, _Tensor):
+        return False
+    a_dtype = a.dtype
+    return (a_dtype is not dtype and a_dtype.is_floating_point and a_dtype is not torch.float64
+            and _device_type(a) == device_type)
+
+
+def _cast_all(args, kwargs, device_type: str, dtype: torch.dtype):
+    """``(args, kwargs)`` with every eligible tensor cast to ``dtype`` (the same objects where
+    nothing is)."""
+    cast = None
+    for i, a in enumerate(args):
+        if _needs_cast(a, device_type, dtype):
+            if cast is None:
+                cast = list(args)
+            cast[i] = a.to(dtype)
+    if cast is not None:
+        args = tuple(cast)
+    if kwargs:
+        for k, a in kwargs.items():
+            if _needs_cast(a, device_type, dtype):
+                kwargs = {**kwargs, k: a.to(dtype)}
+    return args, kwargs
+
+
+_AUTOCAST_LIBRARY = None
+
+
+def _autocast_dispatch_key(device_type: str) -> str:
+    """``"AutocastCPU"``, ``"AutocastCUDA"``: the dispatch key autocast uses for a device type."""
+    key_for_device = getattr(torch._C, "_dispatch_key_for_device", None)
+    suffix = key_for_device(device_type) if key_for_device else device_type.upper()
+    return "Autocast" + suffix
+
+
+def _register_autocast(name: str, policy: AutocastPolicy) -> None:
+    """The policy as the op's ``Autocast<Device>`` kernels, where torch's dispatcher (the
+    ``torch.ops`` path, tensor subclasses, ``torch.compile``'s tracing) applies it: what
+    ``torch.library.register_autocast`` does, with the dtype read when the op is called (that
+    function fixes one dtype when registering; autocast's dtype is the caller's choice)."""
+    global _AUTOCAST_LIBRARY
+    if not policy:
+        return
+    if _AUTOCAST_LIBRARY is None:
+        _AUTOCAST_LIBRARY = torch.library.Library("triton_workshop", "IMPL")
+    overload = getattr(torch.ops.triton_workshop, name).default
+    for device_type in policy.rules:
+        key = _autocast_dispatch_key(device_type)
+        excluded = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key))
+
+        def kernel(_keyset, *args, _device_type=device_type, _excluded=excluded, **kwargs):
+            # Only reached while autocast is on for this device type (the key is excluded
+            # otherwise); the op itself then runs with it off, as torch's autocast kernels do.
+            dtype = policy.dtype_for(_device_type)
+            if dtype is not None:
+                args, kwargs = _cast_all(args, kwargs, _device_type, dtype)
+            with torch._C._ExcludeDispatchKeyGuard(_excluded):
+                return overload(*args, **(kwargs or {}))
+
+        _AUTOCAST_LIBRARY.impl(name, kernel, key, with_keyset=True)
+
+
+def follows_autocast(op: "RegisteredOp") -> Callable[[Callable], Callable]:
+    """Decorate a public function so that its tensor arguments are cast as ``op`` declares for
+    ``torch.autocast`` *before* the function checks them: ``linear(bf16 activation, fp32
+    weight)`` under autocast is one dtype by the time ``linear`` asks for one dtype (outside
+    autocast its check still refuses the mix, as torch's ``F.linear`` does)."""
+    policy = op.autocast_policy
+
+    def decorate(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def public(*args, **kwargs):
+            if _any_autocast():
+                args, kwargs = policy.cast(args, kwargs)
+                return fn(*args, **(kwargs or {}))
+            return fn(*args, **kwargs)
+
+        public.autocast_policy = policy
+        return public
 
     return decorate
 
@@ -124,12 +312,18 @@ class RegisteredOp:
     In that eager Function ``ctx.eager`` is True, so a ``setup_context`` can do work for the
     backward ahead of time, on the calling thread: CUDA backwards run on autograd's own device
     thread, where the same Python costs several times more (cold caches, a thread hand-off).
+
+    Under ``torch.autocast`` the eager path applies the op's :class:`AutocastPolicy` itself,
+    before the autograd Function, where the dispatcher's ``Autocast<Device>`` kernel applies the
+    same policy on the other paths.
     """
 
-    def __init__(self, op, launcher: Callable):
+    def __init__(self, op, launcher: Callable, autocast_policy: AutocastPolicy | None = None):
         self._op = op
         self._launcher = launcher
         self._function = None
+        #: How this op follows ``torch.autocast`` (declared by ``register_op(autocast=...)``).
+        self.autocast_policy = autocast_policy if autocast_policy is not None else AutocastPolicy()
         self.__doc__ = launcher.__doc__
 
     def __getattr__(self, name):
@@ -157,9 +351,16 @@ class RegisteredOp:
 
     def __call__(self, *args, **kwargs):
         kind = _eager_kind(args, kwargs)
+        if kind == "other":  # the dispatcher, whose Autocast kernel applies the same policy
+            return self._op(*args, **kwargs)
+        if self.autocast_policy.rules and _any_autocast():
+            # Before the autograd Function, as torch's autocast sits above autograd: the casts
+            # are recorded, and gradients reach fp32 leaves in fp32.
+            args, kwargs = self.autocast_policy.cast(args, kwargs)
+            kwargs = kwargs or {}
         if kind == "plain":
             return self._launcher(*args, **kwargs)
-        if kind == "grad" and self._function is not None and not kwargs:
+        if self._function is not None and not kwargs:
             return self._function.apply(*args)
         return self._op(*args, **kwargs)
 
@@ -170,6 +371,9 @@ _dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
 # torch.compile resolves to True before it could trace this call).
 _jit_tracing = getattr(torch._C, "_is_tracing", torch.jit.is_tracing)
 _Tensor = torch.Tensor
+# A module's weights: a subclass that changes nothing torch dispatches on (no __torch_function__
+# or __torch_dispatch__ of its own), so as plain as a tensor for the eager fast path.
+_Parameter = torch.nn.Parameter
 
 
 def _eager_kind(args, kwargs) -> str:
@@ -184,7 +388,7 @@ def _eager_kind(args, kwargs) -> str:
     kind = "plain"
     for a in (*args, *kwargs.values()) if kwargs else args:
         if isinstance(a, _Tensor):
-            if type(a) is not _Tensor:
+            if type(a) is not _Tensor and type(a) is not _Parameter:
                 return "other"
             if grad and a.requires_grad:
                 kind = "grad"

@@ -122,3 +122,25 @@ def acc_dtype(dtype: torch.dtype):
     return tl.float64 if dtype == torch.float64 else tl.float32
 
 
+
+
+def bucket(n):
+    """``n`` rounded up to a power of two: an autotuning key that a new length in the same bucket
+    reuses (a batch of ragged sequence lengths does not retune for every length). Symbolic sizes
+    (torch.compile) pass through: Inductor tunes user kernels itself, so the key is not needed
+    there, and rounding would add a guard."""
+    return next_power_of_2(n) if isinstance(n, int) else n
+
+
+def shared_memory_limit() -> int:
+    """Shared memory a program may take on the current device (the opt-in limit: 227 KB on an
+    H100); the H100's figure where there is no GPU (the interpreter, a CPU compile for sm_90)."""
+    if mode.INTERPRET or not torch.cuda.is_available():
+        return 227 * 1024
+    return _shared_memory_limit(torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _shared_memory_limit(index: int) -> int:
+    props = torch.cuda.get_device_properties(index)
+    return getattr(props, "shared_memory_per_block_optin", 227 * 1024)
