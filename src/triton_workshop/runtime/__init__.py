@@ -7,7 +7,8 @@ One job per file; this face re-exports what the ops use:
 * :mod:`.tiling` - integer helpers, autotuning, block/warp heuristics;
 * :mod:`.launch` - the only door to Triton's private API (direct launches of compiled kernels);
 * :mod:`.registry` - the only door to torch's dispatch internals (registered ops, eager fast path,
-  autocast).
+  autocast);
+* :mod:`.plans` - launch plans and their cache: the one way a launcher keeps a launch ready.
 """
 
 from . import mode  # first: sets TRITON_INTERPRET before Triton decorates anything
@@ -47,9 +48,11 @@ from .registry import (  # noqa: E402
     register_op,
     wrap_triton,
 )
+from . import plans  # noqa: E402
+from .plans import LaunchPlan, plan_cache  # noqa: E402
 
 __all__ = [
-    "mode", "launch", "registry",
+    "mode", "launch", "registry", "plans", "LaunchPlan", "plan_cache",
     "DEVICE", "INTERPRET", "INTERPRET_REASON", "mode_description",
     "FLOAT_DTYPES", "check_kernel_device", "check_same_device", "check_same_dtype", "check_tensor",
     "RowTile", "acc_dtype", "autotune", "bucket", "cdiv", "chunk_tile", "next_power_of_2", "num_sms",

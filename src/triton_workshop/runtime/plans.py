@@ -1,0 +1,61 @@
+"""Launch plans: what a launcher works out once per shape, kept ready to launch again.
+
+A launcher's host code turns a call's shapes, strides, dtypes and its family's tuning object into
+a :class:`LaunchPlan` (which kernel, its grid, its scalar and constexpr arguments). Working that
+out is Python, and on a slow host it costs as much as the launch itself, so plans are cached
+(:func:`plan_cache`) under a key that holds everything the plan depends on, the tuning object
+included: a test that replaces the tuning gets new plans, never stale ones. A plan's
+``prepared`` dict then keeps the eager launches ready to repeat (one per device and pointer
+alignment, see :func:`.registry.launch_kernel`), so a repeated call only looks its plan up,
+allocates and launches.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from . import registry
+
+
+@dataclass(eq=False)
+class LaunchPlan:
+    """One kernel launch, decided: ``kernel[grid](*tensors, *scalars, **consts)``."""
+
+    kernel: Any
+    grid: tuple
+    scalars: tuple = ()
+    consts: dict = field(default_factory=dict)
+    #: Filled by eager launches (see :func:`.registry.launch_kernel`); never read while tracing.
+    prepared: dict = field(default_factory=dict)
+
+    def launch(self, *tensors) -> None:
+        # Looked up at call time, so a test that records launches can replace launch_kernel.
+        registry.launch_kernel(self.kernel, self.grid, tensors, self.scalars, self.consts,
+                               self.prepared)
+
+
+def plan_cache(maxsize: int = 1024) -> Callable[[Callable], Callable]:
+    """Cache a plan function on its arguments (shapes, strides, dtypes, the tuning object).
+
+    Under ``torch.compile`` with dynamic shapes the sizes are symbolic and unhashable: then the
+    plan is worked out for that call, uncached (only tracing sees it). ``.cache_clear()`` as
+    ``functools.lru_cache``'s."""
+
+    def decorate(fn: Callable) -> Callable:
+        cached = functools.lru_cache(maxsize=maxsize)(fn)
+
+        @functools.wraps(fn)
+        def plan(*args):
+            try:
+                hash(args)
+            except TypeError:  # symbolic sizes: no cache
+                return fn(*args)
+            return cached(*args)
+
+        plan.cache_clear = cached.cache_clear
+        plan.cache_info = cached.cache_info
+        return plan
+
+    return decorate
