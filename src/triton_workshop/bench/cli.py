@@ -106,7 +106,14 @@ def _console():
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``workshop bench [NAME ...] [--quick] [--out DIR] [--list]``; returns the exit code."""
+    """``workshop bench [NAME ...] [--quick] [--out DIR] [--list]``, or ``workshop bench models
+    ...`` (whole training and inference steps, their own options: bench/models.py); returns the
+    exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["models"]:
+        from .models import main as models_main
+
+        return models_main(argv[1:])
     parser = _parser()
     try:
         args = parser.parse_args(argv)

@@ -1,4 +1,5 @@
-"""Drop-in ``torch.nn`` modules over the Triton ops (``modules``)."""
+"""Drop-in ``torch.nn`` modules over the Triton ops (``modules``, ``conv``), and ``patch(model)``,
+which swaps torch's modules for them in place (``patch``)."""
 
 from .modules import (
     LayerNorm,
@@ -8,12 +9,16 @@ from .modules import (
     MultiheadSelfAttention,
     Softmax,
 )
+from .conv import Conv2d
+from .patch import patch
 
 __all__ = [
+    "Conv2d",
     "LayerNorm",
     "LayerNormLinear",
     "Linear",
     "MultiheadAttention",
     "MultiheadSelfAttention",
     "Softmax",
+    "patch",
 ]

@@ -1,0 +1,236 @@
+"""``workshop bench models`` without a GPU: the models' sizes, the measuring loop (with a fake
+timer), the comparison with torch eager, the table, CSV and plot, whole runs at tiny sizes on the
+CPU (patched losses against torch's), the per-case process with its timeout and error report, and
+the refusal without a GPU (exit code 2).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import time
+
+import pytest
+import torch
+from rich.console import Console
+
+import triton_workshop  # noqa: F401  (decides interpreter-or-GPU before the kernels import)
+from triton_workshop.bench import models as bm
+from triton_workshop.ops.matmul import tf32_enabled
+from triton_workshop.runtime import DEVICE
+
+
+@pytest.fixture(autouse=True)
+def ieee_fp32():
+    before = tf32_enabled()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = before
+
+
+class FakeTimer:
+    """A clock that moves only when told, and step times read from a list."""
+
+    def __init__(self, step_ms):
+        self.clock = 100.0
+        self.step_ms = list(step_ms)
+        self.syncs = self.resets = 0
+
+    def now(self):
+        return self.clock
+
+    def sync(self):
+        self.syncs += 1
+
+    def time_ms(self, fn):
+        fn()
+        return self.step_ms.pop(0)
+
+    def reset_peak(self):
+        self.resets += 1
+
+    def peak_bytes(self):
+        return 12345
+
+
+def test_model_sizes_are_the_real_ones():
+    with torch.device("meta"):
+        gpt = bm.GPT(bm.GPTConfig())
+        resnet = bm.resnet18()
+    gpt_params = sum(p.numel() for p in gpt.parameters())  # the tied head counts once
+    assert 124.0e6 < gpt_params < 124.6e6, gpt_params  # GPT-2 small, vocabulary padded to 50304
+    assert gpt.lm_head.weight is gpt.wte.weight
+    assert 11.6e6 < sum(p.numel() for p in resnet.parameters()) < 11.8e6  # ResNet-18
+    for w in bm.WORKLOADS.values():
+        assert set(w.sizes) == set(bm.SIZE_NAMES), w.name
+    assert bm.WORKLOADS["gpt2_train"].sizes["full"]["batch"] == 8
+    assert bm.WORKLOADS["gpt2_train"].sizes["full"]["seq"] == 1024
+    assert bm.WORKLOADS["resnet18_train"].sizes["full"] == {"batch": 64, "image": 224, "width": 64,
+                                                            "classes": 1000}  # fmt: skip
+    assert bm.WORKLOADS["encoder_train"].sizes["full"]["layers"] == 4
+
+
+def test_measure_with_a_fake_timer():
+    timer = FakeTimer(step_ms=[5.0, 9.0, 4.0, 6.0, 100.0])
+    seen, losses = [], iter([3.0, 2.5, 2.0] + [1.0] * 20)
+
+    def step(batch):
+        if not seen:
+            timer.clock += 7.5  # the first step compiles and tunes
+        seen.append(batch)
+        return torch.tensor(next(losses))
+
+    steps = bm.Steps(loss=3, warmup=2, timed=5)
+    m = bm.measure(step, ["a", "b", "c", "d"], steps, timer)
+    assert m.first_step_s == 7.5
+    assert m.losses == [3.0, 2.5, 2.0]
+    assert m.step_ms == [5.0, 9.0, 4.0, 6.0, 100.0]
+    assert m.ms_per_step == 6.0  # the median: one slow step does not move it
+    assert m.peak_bytes == 12345 and timer.resets == 1 and timer.syncs >= 1
+    assert seen == ["a", "b", "c", "d", "a", "b", "c", "d", "a", "b"]  # loss, warm-up, timed
+
+    with pytest.raises(ValueError, match="steps needs"):
+        bm.measure(step, ["a"], bm.Steps(loss=0, warmup=0, timed=1), timer)
+    with pytest.raises(ValueError, match="batches"):
+        bm.measure(step, [], steps, timer)
+
+
+def row(candidate, status="ok", ms=None, losses=(), model="gpt2_train", note=""):
+    r = bm.ModelResult(model, "GPT-2", candidate, status, ms_per_step=ms, note=note)
+    r.losses = list(losses)
+    if status == "ok":
+        r.first_step_s, r.peak_gib, r.final_loss = 1.5, 2.0, r.losses[-1]
+    return r
+
+
+def sample_rows():
+    rows = [
+        row(bm.TORCH_EAGER, ms=10.0, losses=[4.0, 3.0]),
+        row(bm.TORCH_COMPILE, ms=5.0, losses=[4.0, 3.1]),
+        row(bm.OURS, ms=4.0, losses=[4.0, 3.5]),
+        row(bm.OURS_COMPILED, status="timeout", note="not finished within 600 s (killed)"),
+        row(bm.LIGER, status="n/a", note="No module named 'liger_kernel' [/not markup]"),
+        row(bm.TORCH_EAGER, ms=20.0, losses=[1.0], model="resnet18_train"),
+        row(bm.OURS, ms=25.0, losses=[float("nan")], model="resnet18_train"),
+    ]
+    bm.compare(rows)
+    return rows
+
+
+def test_compare_fills_speedups_and_loss_differences():
+    eager, compiled, ours, timed_out, liger, r_eager, r_ours = sample_rows()
+    assert eager.vs_eager == 1.0 and eager.loss_diff == 0.0
+    assert compiled.vs_eager == 2.0 and compiled.vs_compile == 1.0
+    assert ours.vs_eager == 2.5 and ours.vs_compile == 1.25
+    assert ours.loss_diff == pytest.approx(0.5)
+    assert timed_out.vs_eager is None and timed_out.loss_diff is None
+    assert r_ours.vs_eager == 0.8 and r_ours.vs_compile is None  # no torch.compile row there
+    assert r_ours.loss_diff == math.inf  # a NaN loss is the worst difference, not a small one
+    assert bm.verdicts(sample_rows())[0] == (
+        "gpt2_train: triton-workshop at its best (triton-workshop) runs 1.25× torch.compile's speed"
+    )
+
+
+def test_table_csv_and_plot(tmp_path):
+    rows = sample_rows()
+    console = Console(file=io.StringIO(), width=220)
+    console.print(bm.table(rows))
+    text = console.file.getvalue()
+    for expected in ("gpt2_train", "resnet18_train", "2.50×", "1.25×", "timeout", "n/a",
+                     "not finished within 600 s", "[/not markup]", "0.5", "1.5 s"):
+        assert expected in text, expected
+
+    path = bm.write_csv(tmp_path / "models.csv", rows)
+    with open(path) as f:
+        records = list(csv.DictReader(f))
+    assert list(records[0]) == list(bm.CSV_COLUMNS) and "losses" not in records[0]
+    assert len(records) == len(rows)
+    assert records[2]["candidate"] == bm.OURS and float(records[2]["vs_compile"]) == 1.25
+    assert records[3]["status"] == "timeout" and records[3]["ms_per_step"] == ""
+
+    png = bm.write_plot(tmp_path / "models.png", rows)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+
+
+def test_refuses_without_a_gpu(capsys, tmp_path):
+    if not triton_workshop.INTERPRET and torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        bm.run_models(quick=True, out=tmp_path)
+    assert bm.main(["--quick"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+    assert bm.main(["--list"]) == 0
+    listed = capsys.readouterr().out
+    assert all(name in listed for name in bm.WORKLOADS) and bm.LIGER in listed
+    assert bm.main(["--no-such-flag"]) == 2
+
+
+def test_bad_selections(tmp_path):
+    with pytest.raises(ValueError, match="unknown model"):
+        bm.run_models(quick=True, out=tmp_path, device="cpu", models=["gpt5"])
+    with pytest.raises(ValueError, match="unknown candidate"):
+        bm.run_models(quick=True, out=tmp_path, device="cpu", candidates=["tensorflow"])
+    with pytest.raises(ValueError, match="size"):
+        bm.run_models(quick=True, out=tmp_path, device="cpu", size="huge")
+
+
+def test_tiny_run(tmp_path):
+    """Whole runs at tiny sizes, fp32, in this process (on the CPU in interpreter mode)."""
+    console = Console(file=io.StringIO(), width=220)
+    rows = bm.run_models(
+        quick=True, out=tmp_path, console=console, device=str(DEVICE), size="tiny", amp=False,
+        isolate=False, models=["gpt2_train", "gpt2_prefill", "encoder_train"],
+        candidates=[bm.LIGER, bm.OURS, bm.TORCH_EAGER],
+    )  # fmt: skip
+    assert [(r.model, r.candidate) for r in rows] == [
+        (m, c) for m in ("gpt2_train", "gpt2_prefill", "encoder_train")
+        for c in (bm.TORCH_EAGER, bm.OURS, bm.LIGER)  # torch eager first: the reference
+    ]  # fmt: skip
+    for r in rows:
+        if r.candidate == bm.LIGER:
+            assert r.status in ("n/a", "ok", "failed")
+            continue
+        assert r.status == "ok", (r.model, r.candidate, r.note)
+        assert len(r.losses) == bm.STEPS["tiny"].loss and all(map(math.isfinite, r.losses))
+        assert r.ms_per_step > 0 and r.first_step_s > 0 and r.vs_eager > 0
+        # fp32 from the same weights and batches, two optimiser steps: rounding only.
+        assert r.loss_diff < 1e-4, (r.model, r.candidate, r.losses)
+    for name in ("models.csv", "models.png", "models.json"):
+        assert (tmp_path / name).stat().st_size > 0
+    assert "Whole models" in console.file.getvalue()
+
+
+# ---------------------------------------------------------------------------------------------
+# A case in its own process: the result crosses back; a crash or a hang is reported.
+# ---------------------------------------------------------------------------------------------
+def _sleepy_model(size):
+    time.sleep(600)
+
+
+def _broken_model(size):
+    raise ZeroDivisionError("boom")
+
+
+def _workload(model):
+    base = bm.WORKLOADS["gpt2_train"]
+    return bm.Workload("test", "test", model, base.batches, base.loss, base.sizes)
+
+
+def tiny_case(workload):
+    return bm.Case(workload, bm.TORCH_EAGER, size="tiny", device="cpu", amp=False)
+
+
+def test_isolated_case_reports_its_result():
+    status, payload = bm.run_isolated(tiny_case(bm.WORKLOADS["gpt2_train"]), timeout_s=300)
+    assert status == "ok", payload
+    assert len(payload["losses"]) == bm.STEPS["tiny"].loss and payload["ms_per_step"] > 0
+
+
+def test_isolated_case_failure_and_timeout_are_reported():
+    status, note = bm.run_isolated(tiny_case(_workload(_broken_model)), timeout_s=300)
+    assert status == "failed" and "ZeroDivisionError: boom" in note and "test_bench_models.py" in note
+    started = time.perf_counter()
+    status, note = bm.run_isolated(tiny_case(_workload(_sleepy_model)), timeout_s=8)
+    assert status == "timeout" and "killed" in note
+    assert time.perf_counter() - started < 60
