@@ -159,10 +159,16 @@ def test_layer_norm_linear(zero, out_features):
              [shape, (k,), (k,), (out_features, k), (out_features,)])
 
 
+def _attention_reference(q, k, v):
+    # Written out: PyTorch's CUDA SDPA kernels refuse some empty shapes (zero heads).
+    scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    return torch.softmax(scores, dim=-1) @ v
+
+
 @pytest.mark.parametrize("zero", range(3))
 def test_attention(zero):
     shape = _with_zero((2, 3, 5, 8), zero)
-    _compare(tw.attention, F.scaled_dot_product_attention, [shape, shape, shape])
+    _compare(tw.attention, _attention_reference, [shape, shape, shape])
 
 
 def test_attention_empty_keys():

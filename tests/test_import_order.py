@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -77,6 +78,11 @@ def _run(tmp_path, script: str, **env_vars) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items()
            if k not in ("TRITON_INTERPRET", "TRITON_WORKSHOP_QUIET")}
     env.update(CUDA_VISIBLE_DEVICES="", TRITON_WORKSHOP_QUIET="1", **env_vars)
+    # The package this test imported, wherever it came from (an install, or PYTHONPATH=src
+    # relative to a working directory the script does not share).
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(tw.__file__).resolve().parents[1])]
+        + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     return subprocess.run([sys.executable, str(path)], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=300)
 
