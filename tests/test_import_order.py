@@ -81,7 +81,7 @@ def _run(tmp_path, script: str, **env_vars) -> subprocess.CompletedProcess:
     # The package this test imported, wherever it came from (an install, or PYTHONPATH=src
     # relative to a working directory the script does not share).
     env["PYTHONPATH"] = os.pathsep.join(
-        [str(Path(tw.__file__).resolve().parents[1])]
+        [str(Path(importlib.util.find_spec("triton_workshop").origin).resolve().parents[1])]
         + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     return subprocess.run([sys.executable, str(path)], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=300)
