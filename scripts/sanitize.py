@@ -220,8 +220,9 @@ def case_matmul_tma(device):
     import triton_workshop as tw
     from triton_workshop.ops import matmul as mm
 
-    saved = mm.TMA_MATMUL
-    mm.TMA_MATMUL = True  # small products too (by default only a full wave of tiles)
+    saved = mm.TUNING
+    # Small products too (by default only a full wave of tiles).
+    mm.TUNING = dataclasses.replace(saved, tma_matmul=True)
     try:
         half = dict(dtype=torch.float16, device=device, grad=True)
         a, b = _randn(256, 192, **half), _randn(192, 320, **half)
@@ -229,7 +230,7 @@ def case_matmul_tma(device):
         w = _randn(321, 192, **half)  # K-major B; 321 columns: the output's rows are not
         _backward(tw.linear(a, w))     # 16-byte multiples, stored without TMA
     finally:
-        mm.TMA_MATMUL = saved
+        mm.TUNING = saved
 
 
 def case_conv2d_nchw(device):

@@ -56,6 +56,23 @@ def _in_nan_storage(values: torch.Tensor, transpose: bool = False) -> torch.Tens
 
 
 @pytest.fixture
+def planned_launches(monkeypatch):
+    """``(kernel name, grid)`` of every launch made through a launch plan from now on, in order
+    (``LaunchPlan.launch`` goes through ``runtime.registry.launch_kernel``)."""
+    from triton_workshop import runtime
+
+    launched = []
+    real_launch = runtime.registry.launch_kernel
+
+    def spy(kernel, grid, *args, **kwargs):
+        launched.append((getattr(kernel, "fn", kernel).__name__, grid))
+        return real_launch(kernel, grid, *args, **kwargs)
+
+    monkeypatch.setattr(runtime.registry, "launch_kernel", spy)
+    return launched
+
+
+@pytest.fixture
 def in_nan_storage():
     """:func:`_in_nan_storage`, for tests of kernels that read past the edges they are given."""
     return _in_nan_storage

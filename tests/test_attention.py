@@ -14,6 +14,7 @@ dot is wrong, triton-lang/triton#11584). On a GPU the same tests run the native 
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 
 import pytest
@@ -21,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 import triton_workshop.ops.attention as attention_module
-from triton_workshop import DEVICE, INTERPRET
+from triton_workshop import DEVICE, INTERPRET, runtime
 from triton_workshop.ops.attention import (
     DKDV_CONFIGS,
     DQ_CONFIGS,
@@ -272,10 +273,11 @@ def test_inputs_not_modified_and_backward_deterministic():
 )
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_empty_inputs_match_torch(B, H, H_kv, n_q, n_k, causal, monkeypatch):
-    def no_launch(kernel):
+    def no_launch(kernel, *args, **kwargs):
         raise AssertionError("no kernel should launch for an empty input")
 
     monkeypatch.setattr(attention_module, "wrap_triton", no_launch)
+    monkeypatch.setattr(runtime.registry, "launch_kernel", no_launch)  # planned launches
     q, k, v = make_qkv(B, H, H_kv, n_q, n_k, 16, torch.float32, 1)
     out = attention(q, k, v, causal=causal)
     if H_kv > 0:
@@ -333,10 +335,11 @@ _GOOD, _CASES = _bad_cases()
 
 @pytest.mark.parametrize("change, error, match", [c[1:] for c in _CASES], ids=[c[0] for c in _CASES])
 def test_bad_inputs_raise_before_launch(change, error, match, monkeypatch):
-    def no_launch(kernel):
+    def no_launch(kernel, *args, **kwargs):
         raise AssertionError("a kernel launched before the arguments were checked")
 
     monkeypatch.setattr(attention_module, "wrap_triton", no_launch)
+    monkeypatch.setattr(runtime.registry, "launch_kernel", no_launch)  # planned launches
     args = {**_GOOD, **change}
     kwargs = {n: args.pop(n) for n in ("causal", "scale") if n in args}
     with pytest.raises(error, match=match):
@@ -389,15 +392,37 @@ def test_config_lists_respect_the_kernels_constraints():
 def test_pruning_keeps_a_config(dtype, head_dim_pad):
     args = {"q_ptr": torch.empty(0, dtype=dtype), "HEAD_DIM_PAD": head_dim_pad}
     for prune, configs in (
-        (attention_module._prune_fwd, FWD_CONFIGS),
-        (attention_module._prune_dkdv, DKDV_CONFIGS),
-        (attention_module._prune_dq, DQ_CONFIGS),
+        (attention_module.prune_fwd_configs, FWD_CONFIGS),
+        (attention_module.prune_dkdv_configs, DKDV_CONFIGS),
+        (attention_module.prune_dq_configs, DQ_CONFIGS),
     ):
         kept = prune(configs, args)
         assert kept and all(c in configs for c in kept)
     # What the interpreter runs must be a config the GPU would keep for the common head dims.
     if head_dim_pad <= 64:
-        assert FWD_CONFIGS[0] in attention_module._prune_fwd(FWD_CONFIGS, args)
+        assert FWD_CONFIGS[0] in attention_module.prune_fwd_configs(FWD_CONFIGS, args)
+
+
+@pytest.mark.parametrize("block_m", [None, 16], ids=["default", "block_m16"])
+def test_preprocess_launch_plan_follows_the_tuning(block_m, planned_launches, monkeypatch):
+    """The backward's Δ kernel launches through a cached plan: its grid and BLOCK_M come from
+    the tuning object (replaced here), a second backward of the same shape reuses the plan, and
+    the gradients stay right."""
+    if block_m is not None:
+        monkeypatch.setattr(attention_module, "TUNING",
+                            dataclasses.replace(attention_module.TUNING, preprocess_block_m=block_m))
+    tuning = attention_module.TUNING
+    B, H, n_q, D = 2, 3, 37, 24
+    for seed in range(2):
+        q, k, v = make_qkv(B, H, 1, n_q, 45, D, torch.float32, seed_of("pre", block_m, seed))
+        check_forward_backward(q, k, v, causal=True, seed=seed)
+    want = ("attn_bwd_preprocess_kernel", (-(-n_q // tuning.preprocess_block_m) * H * B,))
+    assert planned_launches == [want, want]
+    strides = q.contiguous().stride()  # out and the incoming gradient are contiguous here
+    key = (tuple(q.shape), strides, strides, q.dtype, tuning)
+    plan = attention_module._preprocess_plan(*key)
+    assert plan is attention_module._preprocess_plan(*key)  # cached: its prepared launches kept
+    assert plan.consts["BLOCK_M"] == tuning.preprocess_block_m
 
 
 # --------------------------------------------------------------------------------------------

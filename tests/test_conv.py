@@ -12,6 +12,7 @@ bf16 dots, in the interpreter through the kernel's fp32-upcast path (DOT_IN_FP32
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 
 import pytest
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 from triton_workshop import runtime
 from triton_workshop.ops import conv as conv_module
 from triton_workshop.ops import layout as layout_module
+from triton_workshop.ops.conv import kernels as conv_kernels
 from triton_workshop.ops.conv import (
     DEPTHWISE_CONFIGS,
     GEMM_CONFIGS,
@@ -38,6 +40,13 @@ DTYPE_IDS = ["fp32", "fp16", "bf16"]
 #: Relative to the largest |reference| value: fp32 with TF32 off is exact fp32 accumulation;
 #: fp16/bf16 are dominated by the one rounding of the output (2**-11 and 2**-8 relative).
 TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+
+
+def nchw_via_channels_last(monkeypatch, on: bool) -> None:
+    """Take the GPU's NCHW path (x copied to channels-last first) or the interpreter's (NCHW read
+    in place), whichever machine runs the test."""
+    tuning = dataclasses.replace(conv_module.TUNING, nchw_via_channels_last=on)
+    monkeypatch.setattr(conv_module, "TUNING", tuning)
 
 
 @pytest.fixture(autouse=True)
@@ -131,7 +140,7 @@ def test_matches_torch_fp32(name, shape, kwargs, bias):
     "3x3-pad1", "groups2-stride2", "channel-tiled-32")], ids=lambda c: c if isinstance(c, str) else None)
 def test_nchw_both_paths(name, shape, kwargs, via_channels_last, monkeypatch):
     """NCHW inputs: read in place, or converted to channels-last first (the GPU's choice)."""
-    monkeypatch.setattr(conv_module, "NCHW_VIA_CHANNELS_LAST", via_channels_last)
+    nchw_via_channels_last(monkeypatch, via_channels_last)
     x, w, b = make(*shape, groups=groups_of(kwargs), bias=True, seed=seed_of(name, via_channels_last))
     out = conv2d(x, w, b, **kwargs)
     check(out, reference(x, w, b, **kwargs), torch.float32)
@@ -175,7 +184,7 @@ def test_channels_last(name, shape, kwargs, dtype):
 def test_strided_view_input(columns, via_channels_last, monkeypatch):
     """A non-contiguous view (a channel slice; every other column, where H and W still merge into
     one run of pixels, or a column slice, where they do not) is read in place or converted."""
-    monkeypatch.setattr(conv_module, "NCHW_VIA_CHANNELS_LAST", via_channels_last)
+    nchw_via_channels_last(monkeypatch, via_channels_last)
     x, w, b = make(2, 8, 12, 12, 8, 3, 3, seed=11)
     big = randn((2, 12, 12, 24), seed=12)
     view = big[:, 2:10, :, columns]
@@ -208,7 +217,7 @@ def test_strided_bias():
 
 
 class LaunchRecorder:
-    """Stands in for runtime.launch_kernel (every conv launch goes through it): records each launch's
+    """Stands in for runtime.registry.launch_kernel (every planned launch goes through it): records each launch's
     kernel, arguments (tensors, then scalars), constexprs and plan parts, then launches it for
     real."""
 
@@ -232,8 +241,8 @@ class LaunchRecorder:
 
 @pytest.fixture
 def recorder(monkeypatch):
-    recorder = LaunchRecorder(runtime.launch_kernel)
-    monkeypatch.setattr(runtime, "launch_kernel", recorder)
+    recorder = LaunchRecorder(runtime.registry.launch_kernel)
+    monkeypatch.setattr(runtime.registry, "launch_kernel", recorder)
     return recorder
 
 
@@ -241,7 +250,7 @@ def test_nchw_output_written_by_the_kernel(monkeypatch, recorder):
     """NCHW on the GPU path: x goes to channels-last (layout's tiled transpose, launched from the
     plan), the kernel writes the NCHW result itself (the tensor returned is the one the kernel
     wrote: no copy back) and reads a channels-last weight in place."""
-    monkeypatch.setattr(conv_module, "NCHW_VIA_CHANNELS_LAST", True)
+    nchw_via_channels_last(monkeypatch, True)
     x, w, b = make(2, 64, 4, 8, 8, 3, 3, seed=25)  # OH * OW = 32: whole 16-pixel runs
     w_cl = w.to(memory_format=torch.channels_last)
     out = conv2d(x, w_cl, b, padding=1)
@@ -391,11 +400,11 @@ def test_plan_grids_close_over_ints():
     """runtime.FastLaunch keys a callable grid by its code and closure: the plan's grids close
     over plain ints only (hashable, and the same for every call of the plan)."""
     geometry = (1, 1, 1, 1, 1, 1, 1, 1)
-    knobs = conv_module._knobs()
     for w_shape, groups, names in (((8, 4, 3, 3), 2, ("BLOCK_M", "BLOCK_N")),
                                    ((8, 1, 3, 3), 8, ("BLOCK_M", "BLOCK_F"))):
         plan = conv_module._plan((2, 8, 9, 8), (576, 72, 8, 1), w_shape, torch.float16, geometry,
-                                 groups, True, "ieee", knobs)
+                                 groups, True, "ieee", runtime.INTERPRET, conv_module.TUNING,
+                                 layout_module.TUNING)
         cells = [c.cell_contents for c in plan.grid.__closure__]
         assert all(type(v) is int for v in cells), cells
         hash(tuple(cells))
@@ -417,19 +426,47 @@ def test_plan_grids_close_over_ints():
 def test_planned_channels_last_copy_matches_layout(make_x, monkeypatch):
     """The NCHW -> channels-last copy the plan launches is layout.to_channels_last's: the same
     strides (the ones the kernel is told) and the same values; and the conv is right."""
-    monkeypatch.setattr(conv_module, "NCHW_VIA_CHANNELS_LAST", True)
+    nchw_via_channels_last(monkeypatch, True)
     x0, w, b = make(2, 32, 6, 7, 4, 1, 1, seed=43)
     x = make_x(x0)
     plan = conv_module._find_plan(x, w, (1, 1), (0, 0, 0, 0), (1, 1), 1, True)
     assert plan.to_channels_last
     expected = layout_module.to_channels_last(x)
-    copied = layout_module.copy_to_channels_last(x, *plan.transpose)
+    copied = layout_module.copy_to_channels_last(x, plan.x_copy)
     assert copied.stride() == expected.stride() == plan.x_strides, (
         copied.stride(), expected.stride(), plan.x_strides, x.stride())
     assert torch.equal(copied, expected), (copied - expected).abs().max()
-    assert (plan.transpose[0] is None) == (x.stride(2) != x.size(3) * x.stride(3) and x.size(2) > 1
+    assert (plan.x_copy is None) == (x.stride(2) != x.size(3) * x.stride(3) and x.size(2) > 1
                                         and x.size(3) > 1)
     check(conv2d(x, w, b), reference(x, w, b), torch.float32)
+
+
+def test_plan_keyed_on_tuning(monkeypatch, recorder):
+    """conv's and layout's tuning objects are part of the plan's key: replacing either (as a
+    sweep does) makes a new plan that uses it, and the result is still right; putting the old
+    objects back finds the old plan."""
+    nchw_via_channels_last(monkeypatch, True)
+    x, w, b = make(2, 32, 7, 9, 8, 3, 3, seed=44)  # NCHW: the transpose is planned too
+    ref = reference(x, w, b, padding=1)
+    conv_module._plan.cache_clear()
+    base = conv_module._find_plan(x, w, (1, 1), (1, 1, 1, 1), (1, 1), 1, True)
+    small_tiles = dataclasses.replace(layout_module.TUNING, block_r=16, block_c=32)
+    monkeypatch.setattr(layout_module, "TUNING", small_tiles)
+    retiled = conv_module._find_plan(x, w, (1, 1), (1, 1, 1, 1), (1, 1), 1, True)
+    assert retiled is not base
+    assert (retiled.x_copy.consts["BLOCK_R"], retiled.x_copy.consts["BLOCK_C"]) == (16, 32)
+    assert base.x_copy.consts["BLOCK_R"] == 64
+    check(conv2d(x, w, b, padding=1), ref, torch.float32)
+    [transpose] = recorder.of(layout_module.transpose_kernel)
+    assert transpose[2]["BLOCK_R"] == 16
+    nchw_via_channels_last(monkeypatch, False)
+    in_place = conv_module._find_plan(x, w, (1, 1), (1, 1, 1, 1), (1, 1), 1, True)
+    assert not in_place.to_channels_last and in_place.x_copy is None
+    assert in_place.consts["X_PIXEL_MAJOR"]
+    check(conv2d(x, w, b, padding=1), ref, torch.float32)
+    monkeypatch.undo()
+    nchw_via_channels_last(monkeypatch, True)
+    assert conv_module._find_plan(x, w, (1, 1), (1, 1, 1, 1), (1, 1), 1, True) is base
 
 
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels-last"])
@@ -443,7 +480,7 @@ def test_plan_with_symbolic_sizes(channels, groups, channels_last, monkeypatch):
     from torch.fx.experimental.symbolic_shapes import (DimDynamic, ShapeEnv,
                                                        StatelessSymbolicContext)
 
-    monkeypatch.setattr(conv_module, "NCHW_VIA_CHANNELS_LAST", True)  # the transpose's plan too
+    nchw_via_channels_last(monkeypatch, True)  # the transpose's plan too
     x = torch.empty(2, channels, 9, 7)
     if channels_last:
         x = x.to(memory_format=torch.channels_last)
@@ -463,9 +500,9 @@ def test_plan_with_symbolic_sizes(channels, groups, channels_last, monkeypatch):
     assert [int(v) for v in symbolic.scalars[:-1]] == list(concrete.scalars[:-1])
     assert symbolic.consts == concrete.consts
     assert symbolic.to_channels_last == concrete.to_channels_last
-    if concrete.transpose is not None and concrete.transpose[0] is not None:
-        assert [int(v) for v in symbolic.transpose[0][1]] == list(concrete.transpose[0][1])
-        assert symbolic.transpose[0][2] == concrete.transpose[0][2]
+    if concrete.x_copy is not None:
+        assert [int(v) for v in symbolic.x_copy.scalars] == list(concrete.x_copy.scalars)
+        assert symbolic.x_copy.consts == concrete.x_copy.consts
 
 
 def test_cached_argument_checks_still_refuse():
@@ -512,7 +549,7 @@ def test_every_gemm_config(config, via_channels_last, monkeypatch):
     # On the GPU a launch with the same shapes would otherwise repeat the kernel compiled for the
     # first config (the plan's prepared launch, FastLaunch's cache): through Triton every time.
     monkeypatch.setattr(runtime.launch, "FAST_LAUNCH", False)
-    monkeypatch.setattr(conv_module, "NCHW_VIA_CHANNELS_LAST", via_channels_last)
+    nchw_via_channels_last(monkeypatch, via_channels_last)
     for name, shape, kwargs in CONFIG_CASES:
         x, w, b = make(*shape, groups=groups_of(kwargs), seed=seed_of(name, str(config)))
         check(conv2d(x, w, b, **kwargs), reference(x, w, b, **kwargs), torch.float32)
@@ -706,7 +743,7 @@ def test_default_configs():
     first = GEMM_CONFIGS[0]
     tile = (first.kwargs["BLOCK_M"], first.kwargs["BLOCK_N"], first.kwargs["BLOCK_K"])
     assert tile == (128, 64, 64)
-    assert conv_module._gemm_shared_memory_bytes(first, 4) <= 227 * 1024
+    assert conv_kernels.gemm_shared_memory_bytes(first, 4) <= 227 * 1024
     for config in GEMM_CONFIGS:
         assert min(config.kwargs.values()) >= 16  # tl.dot's smallest tile
     assert DEPTHWISE_CONFIGS[0].kwargs == {"BLOCK_M": 64, "BLOCK_F": 64}
@@ -721,9 +758,9 @@ def test_prune_configs_for_bench_shape():
     assert kept[0] is GEMM_CONFIGS[0]
     assert all(c.kwargs["BLOCK_N"] <= 64 and 64 % c.kwargs["BLOCK_K"] == 0 for c in kept)
     args32 = dict(args, x_ptr=torch.empty(1, dtype=torch.float32))
-    oversized = conv_module._gemm_config(256, 64, 64, 4, 8)  # 320 KB in fp32
+    oversized = conv_kernels.gemm_config(256, 64, 64, 4, 8)  # 320 KB in fp32
     kept32 = prune_gemm_configs([*GEMM_CONFIGS, oversized], args32, CHANNEL_TILED=True)
-    assert all(conv_module._gemm_shared_memory_bytes(c, 4) <= 227 * 1024 for c in kept32)
+    assert all(conv_kernels.gemm_shared_memory_bytes(c, 4) <= 227 * 1024 for c in kept32)
     assert oversized not in kept32 and kept32 == kept
     tiny = prune_gemm_configs(GEMM_CONFIGS, dict(args, GROUP_C=3, GROUP_F=8, M_BUCKET=16),
                               CHANNEL_TILED=False)

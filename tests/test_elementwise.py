@@ -7,6 +7,7 @@ interpreter mode, the GPU when there is one, so the same file tests both.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import zlib
 
@@ -15,11 +16,13 @@ import torch
 
 import triton_workshop as tw
 from triton_workshop import DEVICE, INTERPRET
+from triton_workshop.ops import elementwise as elementwise_ops
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 DTYPE_IDS = ["fp32", "fp16", "bf16"]
-# 4096 is the kernel's BLOCK_SIZE: one element, a partial block, exactly one block, one past it,
-# several blocks with a partial tail, and a 3-D shape (5883 elements, two blocks, the last partial).
+# 4096 is the kernels' block (ElementwiseTuning.block_size): one element, a partial block,
+# exactly one block, one past it, several blocks with a partial tail, and a 3-D shape (5883
+# elements, two blocks, the last partial).
 SHAPES = [(1,), (7,), (4095,), (4096,), (4097,), (10_000,), (3, 37, 53)]
 SHAPE_IDS = ["1", "7", "4095", "4096", "4097", "10000", "3x37x53"]
 
@@ -105,6 +108,24 @@ def test_inputs_are_not_modified():
     tw.add(a, b)
     for t, t0 in zip((a, b, c), copies):
         assert torch.equal(t, t0)
+
+
+@pytest.mark.parametrize("n", [1, 63, 64, 65, 200])
+def test_replaced_tuning_takes_effect(n, monkeypatch, planned_launches):
+    """Plans are keyed on TUNING: a smaller block gives a grid of more programs at once (and
+    the ragged last block stays masked), and the default comes back with the default's plans."""
+    g = gen(seed_of("tuning", n))
+    a, b, c = (positive((n,), torch.float16, g) for _ in range(3))
+    with monkeypatch.context() as m:
+        m.setattr(elementwise_ops, "TUNING",
+                  dataclasses.replace(elementwise_ops.TUNING, block_size=64, num_warps=2))
+        check(tw.fused_mul_add_sqrt(a, b, c), torch.sqrt(a.double() * b.double() + c.double()),
+              torch.float16, (n,))
+        check(tw.add(a, b), a.double() + b.double(), torch.float16, (n,))
+    check(tw.add(a, b), a.double() + b.double(), torch.float16, (n,))
+    blocks = (-(-n // 64),)
+    assert planned_launches == [("mul_add_sqrt_kernel", blocks), ("add_kernel", blocks),
+                                ("add_kernel", (1,))]
 
 
 def test_zero_dim_tensors():

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import zlib
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from triton_workshop import DEVICE
+from triton_workshop import DEVICE, runtime
 from triton_workshop.ops import image as image_ops
 from triton_workshop.ops.image import FILTERS, filter2d, get_filter, greyscale, sepia
 
@@ -192,6 +193,41 @@ def test_color_bad_input(op, bad, error):
         op(img)
 
 
+def test_color_plans_cached_per_shape_dtype_and_tuning():
+    """One plan per op, shape, strides, dtype and tuning, reused by the next call. The dtype
+    keys the plan even where the arguments agree: its prepared launches are compiled kernels."""
+    shape, strides = (2, 3, 17, 31), (1581, 527, 31, 1)
+    tuning = image_ops.TUNING
+    first = image_ops._color_plan("sepia", shape, strides, torch.float32, tuning)
+    assert image_ops._color_plan("sepia", shape, strides, torch.float32, tuning) is first
+    assert first.kernel is image_ops.sepia_kernel and first.consts["PLANE_CONTIGUOUS"]
+    assert first.grid == (2 * runtime.cdiv(17 * 31, tuning.color_block_size),)
+    half = image_ops._color_plan("sepia", shape, strides, torch.float16, tuning)
+    assert half is not first and half.prepared is not first.prepared
+    assert half.consts == first.consts and half.scalars == first.scalars
+    uint8 = image_ops._color_plan("sepia", shape, strides, torch.uint8, tuning)
+    assert uint8.consts["IS_UINT8"] and not first.consts["IS_UINT8"]
+    grey = image_ops._color_plan("greyscale", shape, strides, torch.float32, tuning)
+    assert grey.kernel is image_ops.greyscale_kernel
+    channels_last = (1581, 1, 93, 3)
+    assert not image_ops._color_plan("sepia", shape, channels_last, torch.float32,
+                                     tuning).consts["PLANE_CONTIGUOUS"]
+
+
+@pytest.mark.parametrize("op, reference", COLOR_OPS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.uint8], ids=str)
+def test_color_small_blocks(op, reference, dtype, monkeypatch):
+    """A replaced block size (as a sweep sets it) is launched at the next call: 40 x 60 pixels
+    in blocks of 64 make 38 programs an image, the last one ragged, contiguous or strided."""
+    replace_tuning(monkeypatch, color_block_size=64, color_num_warps=2)
+    plan = image_ops._color_plan(op.__name__, (2, 3, 40, 60), (7200, 2400, 60, 1), dtype,
+                                 image_ops.TUNING)
+    assert plan.grid == (2 * 38,) and plan.consts["BLOCK_SIZE"] == 64
+    for name, view in [("contiguous", random_image((2, 3, 40, 60), dtype, seed=51)),
+                       *noncontiguous_views((3, 40, 60), dtype, seed=52)]:
+        assert_matches(op(view), reference(view), dtype)
+
+
 @pytest.mark.parametrize("op, reference", COLOR_OPS)
 def test_color_torch_compile(op, reference):
     compiled = torch.compile(op, fullgraph=True)
@@ -240,23 +276,28 @@ def filter_poisoned(img, kernel, padding="same"):
         return filter2d(img, kernel, padding)
 
 
-# Launch knobs that make a small image span several column strips (32 threads a program) and
+# Launch settings that make a small image span several column strips (32 threads a program) and
 # several chunks of rows (8 at least), so the interpreter covers the edges between them.
-SMALL_PROGRAMS = {"FILTER_NUM_WARPS": 1, "FILTER_NUM_WARPS_BY_K": {},
-                  "FILTER_VECTORS_PER_THREAD_BY_K": {}, "FILTER_MIN_ROWS": 8}
+SMALL_PROGRAMS = dict(filter_num_warps=1, filter_num_warps_by_k=(),
+                      filter_vectors_per_thread_by_k=(), filter_min_rows=8)
+
+
+def replace_tuning(monkeypatch, **changes) -> None:
+    """Replace image.TUNING (part of every plan's key) for this test only."""
+    monkeypatch.setattr(image_ops, "TUNING", dataclasses.replace(image_ops.TUNING, **changes))
 
 
 @pytest.fixture
 def small_programs(monkeypatch):
-    for name, value in SMALL_PROGRAMS.items():
-        monkeypatch.setattr(image_ops, name, value)
+    replace_tuning(monkeypatch, **SMALL_PROGRAMS)
 
 
 def filter_plan(img, size, padding):
-    """The launch plan of ``filter2d(img, kernel of size K, padding)``."""
+    """How ``filter2d(img, kernel of size K, padding)`` cuts its work, under today's tuning."""
     _, out_height, out_width = image_ops._filter2d_geometry(img, torch.empty(size, size), padding)
     planes = img.shape[:-2].numel()
-    return image_ops._filter2d_plan(img, size, planes, out_height, out_width)
+    return image_ops.filter2d_tiling(img.element_size(), size, planes, out_height, out_width,
+                                     runtime.num_sms(img.device), image_ops.TUNING)
 
 
 def test_named_filters_values():
@@ -348,13 +389,38 @@ def test_filter_half_precision_strips(dtype, size, padding, small_programs):
 def test_filter_reloaded_taps(dtype, padding, small_programs, monkeypatch):
     # The large-K path (taps reloaded every row, 8 columns a thread: two vectors in fp32, no
     # prefetch), forced at K = 5 where the interpreter runs it quickly.
-    monkeypatch.setattr(image_ops, "FILTER_PRELOAD_MAX_TAPS", 0)
+    replace_tuning(monkeypatch, filter_preload_max_taps=0)
     img = random_image((2, 27, 300), dtype, seed=seed_of("reload", str(dtype), padding))
     kernel = random_kernel(5, seed=400)
     plan = filter_plan(img, 5, padding)
     assert not plan.preload_taps and plan.blocks * plan.vec == 8
     assert plan.n_strips == 2 and plan.n_chunks >= 2
     assert_matches(filter_poisoned(img, kernel, padding), filter_reference(img, kernel, padding), dtype)
+
+
+def test_filter_plan_follows_tiling_and_is_cached(small_programs):
+    """The launch plan carries the tiling's decisions, is reused for the same shapes, strides,
+    dtypes and tuning, and is another plan for a kernel of another dtype (its prepared launches
+    are compiled for the dtypes)."""
+    img = random_image((2, 3, 21, 300), torch.float16, seed=61)
+    kernel = random_kernel(5, seed=62)
+    tiling = filter_plan(img, 5, "same")
+    args = [img.shape, img.stride(), 5, kernel.stride(), img.dtype, kernel.dtype, 2, 21, 300,
+            img.device, image_ops.TUNING]
+    plan = image_ops._filter2d_plan(*args)
+    assert image_ops._filter2d_plan(*args) is plan
+    assert plan.kernel is image_ops.filter2d_kernel and plan.grid == (tiling.programs,)
+    assert plan.scalars[-3:] == (tiling.n_strips, tiling.n_chunks, tiling.rows_per_program)
+    assert (plan.consts["VEC"], plan.consts["BLOCKS"], plan.consts["GROUPS"]) == (
+        tiling.vec, tiling.blocks, tiling.groups)
+    assert plan.consts["num_warps"] == tiling.num_warps == 1
+    assert (plan.consts["LEFT_BLOCKS"], plan.consts["RIGHT_BLOCKS"]) == (1, 1)
+    half_kernel = image_ops._filter2d_plan(*args[:5], torch.float16, *args[6:])
+    assert half_kernel is not plan and half_kernel.consts == plan.consts
+    ref = filter_reference(img, kernel, "same")
+    assert_matches(filter_poisoned(img, kernel), ref, torch.float16)
+    half = kernel.half()
+    assert_matches(filter_poisoned(img, half), filter_reference(img, half, "same"), torch.float16)
 
 
 @pytest.mark.parametrize("padding", ["same", "valid"])

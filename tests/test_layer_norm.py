@@ -1,11 +1,13 @@
 """layer_norm against F.layer_norm computed in float64: values and gradients, every kernel path.
 
 The forward streams rows past 4096 columns in chunks, the backward past 8192 (dx past 16384); the
-``path`` fixture lowers the module's thresholds so that short rows exercise the chunked kernels
-in the interpreter in milliseconds.
+``path`` fixture replaces the module's ``TUNING`` with lower thresholds so that short rows exercise
+the chunked kernels in the interpreter in milliseconds.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -32,13 +34,13 @@ def path(request, monkeypatch):
     """Run the test on each kernel path: "chunked" for every row of more than 2 columns, in
     chunks of at most 64 (so 1000 columns take 16 chunks); "dx_rows" is the backward for rows
     too long for the fused kernel but not for dx alone (single-block dx, column-tiled sums)."""
+    tuning = layer_norm_ops.TUNING
     if request.param != "single_block":
-        monkeypatch.setattr(layer_norm_ops, "BACKWARD_SINGLE_BLOCK_MAX_COLS", 2)
-        monkeypatch.setattr(layer_norm_ops, "CHUNK_COLS", 64)
+        tuning = dataclasses.replace(tuning, backward_single_block_max_cols=2, chunk_cols=64)
     if request.param == "chunked":
-        monkeypatch.setattr(layer_norm_ops, "SINGLE_BLOCK_MAX_COLS", 2)
-        monkeypatch.setattr(layer_norm_ops, "FORWARD_CHUNK_COLS", 64)
-        monkeypatch.setattr(layer_norm_ops, "BACKWARD_DX_SINGLE_BLOCK_MAX_COLS", 2)
+        tuning = dataclasses.replace(tuning, single_block_max_cols=2, forward_chunk_cols=64,
+                                     backward_dx_single_block_max_cols=2)
+    monkeypatch.setattr(layer_norm_ops, "TUNING", tuning)
     return request.param
 
 
@@ -162,13 +164,41 @@ def test_rows_longer_than_default_single_block_limits(n_cols):
 def test_backward_plan_by_row_length(n_cols, kernels):
     """Which kernels the default limits pick, by row length (fp16, affine, every gradient)."""
     dtypes = (torch.float16,) * 3 + (torch.float16, torch.float16)
-    _, launches = layer_norm_ops._backward_plan(
-        4096, n_cols, dtypes, True, (True, True, True), 132, layer_norm_ops._backward_knobs())
-    assert list(launches) == kernels
-    if "dx_rows" in launches:
-        _, grid, scalars, consts, _ = launches["dx_rows"]
-        assert grid == (128,) and scalars == (4096, 16384, 32)  # persistent: a program an SM
+    plan = layer_norm_ops._backward_plan(
+        4096, n_cols, dtypes, True, (True, True, True), 132, layer_norm_ops.TUNING)
+    assert list(plan.launches) == kernels
+    if "dx_rows" in plan.launches:
+        dx_rows = plan.launches["dx_rows"]
+        assert dx_rows.kernel is layer_norm_ops.layer_norm_bwd_kernel
+        # persistent: a program an SM
+        assert dx_rows.grid == (128,) and dx_rows.scalars == (4096, 16384, 32)
+        consts = dx_rows.consts
         assert consts["STAGES"] == 1 and not consts["COMPUTE_DW"] and not consts["COMPUTE_DB"]
+
+
+def test_tuning_is_part_of_the_plan_key(monkeypatch, planned_launches):
+    """A replaced TUNING takes effect at the next call (its plans are keyed on it, never stale),
+    and the default comes back with the default's plans. Every launch goes through a plan."""
+    launched = planned_launches
+    x = _randn(4, 300, shift=2.0).requires_grad_()
+    w, b = _params((300,), torch.float32)
+    default = layer_norm_ops.TUNING
+    with monkeypatch.context() as m:
+        m.setattr(layer_norm_ops, "TUNING", dataclasses.replace(
+            default, single_block_max_cols=256, forward_chunk_cols=64,
+            backward_single_block_max_cols=256, backward_dx_single_block_max_cols=256,
+            chunk_cols=64))
+        _check(x, 300, w, b)
+    assert [name for name, _ in launched] == [
+        "layer_norm_fwd_chunked_kernel", "layer_norm_bwd_dx_chunked_kernel",
+        "layer_norm_bwd_dwdb_chunked_kernel", "layer_norm_bwd_sum_partials_kernel"]
+    launched.clear()
+    _check(x, 300, w, b)
+    assert [name for name, _ in launched] == [
+        "layer_norm_fwd_kernel", "layer_norm_bwd_kernel", "layer_norm_bwd_sum_partials_kernel"]
+    dtypes = (torch.float32,) * 5
+    plan = layer_norm_ops._backward_plan(4, 300, dtypes, True, (True,) * 3, 132, default)
+    assert plan is layer_norm_ops._backward_plan(4, 300, dtypes, True, (True,) * 3, 132, default)
 
 
 def test_backward_is_deterministic(path):

@@ -7,6 +7,8 @@ dtype, and the one rounding of the output.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -145,8 +147,8 @@ def test_eps():
 
 def test_long_rows_take_layer_norms_chunked_kernel(monkeypatch):
     # Rows longer than layer_norm's single-block limit: chunks merged by Chan's update.
-    monkeypatch.setattr(layer_norm_module, "SINGLE_BLOCK_MAX_COLS", 2)
-    monkeypatch.setattr(layer_norm_module, "FORWARD_CHUNK_COLS", 16)
+    monkeypatch.setattr(layer_norm_module, "TUNING", dataclasses.replace(
+        layer_norm_module.TUNING, single_block_max_cols=2, forward_chunk_cols=16))
     check(*make_inputs((10,), 100, 12, torch.float32, shift=30.0))
 
 
@@ -211,7 +213,8 @@ def test_ragged_edges_never_reach_results(dtype, K, x_layout, ln_weight, monkeyp
     M, N = 133, 21
     x_vals, g, b, w_vals, bias = make_inputs((M,), K, N, dtype, ln_weight=ln_weight, shift=3.0)
     if x_layout == "copied_aligned":
-        monkeypatch.setattr(matmul_module, "ALIGN_OPERANDS", True)
+        monkeypatch.setattr(matmul_module, "TUNING",
+                            dataclasses.replace(matmul_module.TUNING, align_operands=True))
         x = x_vals
     else:
         x = in_nan_storage(x_vals, transpose=x_layout == "m_contig")
@@ -226,10 +229,9 @@ def test_through_the_tma_kernel(dtype, K, monkeypatch, poisoned_new_empty, in_na
     """The product through matmul_tma_kernel (Hopper's path), forced on here: ragged M, N
     against 32x32 tiles, K ragged (77: rows copied into padded rows) or not, NaN wherever a read
     past an edge would show."""
-    monkeypatch.setattr(matmul_module, "TMA_MATMUL", True)
-    monkeypatch.setattr(matmul_module, "ALIGN_OPERANDS", True)
-    monkeypatch.setattr(matmul_module, "TMA_CONFIG",
-                        dict(matmul_module.TMA_CONFIG, BLOCK_M=32, BLOCK_N=32, BLOCK_K=16))
+    monkeypatch.setattr(matmul_module, "TUNING", dataclasses.replace(
+        matmul_module.TUNING, tma_matmul=True, align_operands=True, tma_block_m=32,
+        tma_block_n=32, tma_block_k=16))
     launched = spy_launches(monkeypatch)
     x_vals, g, b, w, bias = make_inputs((75,), K, 40, dtype, shift=3.0)
     x = in_nan_storage(x_vals) if K % 16 == 0 else x_vals
@@ -238,10 +240,10 @@ def test_through_the_tma_kernel(dtype, K, monkeypatch, poisoned_new_empty, in_na
 
 
 def spy_launches(monkeypatch) -> list[str]:
-    """The names of the kernels launched from now on, in order: layer_norm's (planned launches
-    through runtime.launch_kernel) and matmul's (wrap_triton)."""
+    """The names of the kernels launched from now on, in order: the planned launches (layer_norm's,
+    through runtime.registry.launch_kernel) and matmul's autotuned ones (its wrap_triton)."""
     launched = []
-    real_wrap, real_launch = matmul_module.wrap_triton, runtime.launch_kernel
+    real_wrap, real_launch = matmul_module.wrap_triton, runtime.registry.launch_kernel
 
     def spy_wrap(kernel):
         launched.append(getattr(kernel, "fn", kernel).__name__)
@@ -252,7 +254,7 @@ def spy_launches(monkeypatch) -> list[str]:
         return real_launch(kernel, *args, **kwargs)
 
     monkeypatch.setattr(matmul_module, "wrap_triton", spy_wrap)
-    monkeypatch.setattr(runtime, "launch_kernel", spy_launch)
+    monkeypatch.setattr(runtime.registry, "launch_kernel", spy_launch)
     return launched
 
 

@@ -6,6 +6,8 @@ sizes are chosen around the 64 x 64 tile: exact multiples, one past, one short, 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -89,10 +91,58 @@ def test_empty(shape):
 
 def test_int64_offsets_path(monkeypatch):
     """Large tensors switch the kernel to 64-bit offsets: forced here with a small limit."""
-    monkeypatch.setattr(layout, "_INT32_LIMIT", 16)  # read at every launch
+    # The tuning is part of the plan's key: a replaced one takes effect at the next call.
+    monkeypatch.setattr(layout, "TUNING", dataclasses.replace(layout.TUNING, int32_limit=16))
+    plan = layout.transpose_plan((3, 65, 70), (4550, 70, 1), torch.float32, layout.TUNING)
+    assert plan.consts["INT64"]
     expect_transpose(arange_tensor((3, 65, 70)))
     x = arange_tensor((2, 16, 9, 7), torch.float16)
     assert torch.equal(to_channels_last(x), x)
+
+
+@pytest.mark.parametrize("tile", [(16, 32), (32, 16)], ids=["16x32", "32x16"])
+def test_other_tiles(tile, monkeypatch):
+    """A replaced tile (as a sweep sets it) is launched, and ragged shapes still copy exactly."""
+    block_r, block_c = tile
+    tuning = dataclasses.replace(layout.TUNING, block_r=block_r, block_c=block_c, num_warps=2)
+    monkeypatch.setattr(layout, "TUNING", tuning)
+    plan = layout.transpose_plan((2, 33, 47), (1551, 47, 1), torch.float32, tuning)
+    assert plan.grid == (2 * runtime.cdiv(33, block_r) * runtime.cdiv(47, block_c),)
+    assert (plan.consts["BLOCK_R"], plan.consts["BLOCK_C"], plan.consts["num_warps"]) == (*tile, 2)
+    expect_transpose(arange_tensor((2, 33, 47)))
+    x = arange_tensor((2, 5, 7, 9))
+    assert torch.equal(to_channels_last(x), x.contiguous(memory_format=torch.channels_last))
+
+
+def test_plans_cached_per_shape_dtype_and_tuning():
+    """One plan per shape, strides, dtype and tuning. The dtype changes no argument, yet it must
+    key the plan: its prepared launches are compiled kernels, one dtype each."""
+    shape, strides = (2, 40, 30), (1200, 30, 1)
+    first = layout.transpose_plan(shape, strides, torch.float16, layout.TUNING)
+    assert layout.transpose_plan(shape, strides, torch.float16, layout.TUNING) is first
+    other_dtype = layout.transpose_plan(shape, strides, torch.float32, layout.TUNING)
+    assert other_dtype is not first and other_dtype.prepared is not first.prepared
+    assert (other_dtype.grid, other_dtype.scalars, other_dtype.consts) == (
+        first.grid, first.scalars, first.consts)
+    tuning = dataclasses.replace(layout.TUNING, block_c=32)
+    assert layout.transpose_plan(shape, strides, torch.float16, tuning) is not first
+    for dtype in (torch.float16, torch.float32):  # both dtypes, one shape: each its own launch
+        expect_transpose(arange_tensor(shape, dtype))
+
+
+def test_channels_last_copy_plan():
+    """The transpose behind the channels-last copy, or None where H and W do not merge into one
+    axis of pixels (Tensor.contiguous copies those) or there is nothing to copy."""
+    tuning = layout.TUNING
+    plan = layout.channels_last_copy_plan((2, 3, 4, 5), (60, 20, 5, 1), torch.float32, tuning)
+    assert plan is layout.transpose_plan((2, 3, 20), (60, 20, 1), torch.float32, tuning)
+    stepped = layout.channels_last_copy_plan((2, 3, 4, 5), (120, 40, 10, 2), torch.float32, tuning)
+    assert stepped.scalars == (3, 20, 120, 40, 2)
+    for shape, strides in [((2, 3, 4, 5), (90, 30, 7, 1)), ((0, 3, 4, 5), (60, 20, 5, 1))]:
+        assert layout.channels_last_copy_plan(shape, strides, torch.float32, tuning) is None
+    x = arange_tensor((2, 3, 4, 10))[..., ::2]
+    copied = layout.copy_to_channels_last(x, stepped)
+    assert torch.equal(copied, x) and copied.is_contiguous(memory_format=torch.channels_last)
 
 
 def test_gradient():

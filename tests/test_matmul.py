@@ -7,6 +7,8 @@ only error allowed is the kernel's own: fp32 accumulation plus one rounding of t
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -38,6 +40,12 @@ def ieee_fp32():
     torch.backends.cuda.matmul.allow_tf32 = False
     yield
     torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def set_tuning(monkeypatch, **fields):
+    """Replace matmul's tuning object for one test (undone by monkeypatch)."""
+    tuning = dataclasses.replace(matmul_module.TUNING, **fields)
+    monkeypatch.setattr(matmul_module, "TUNING", tuning)
 
 
 def rand(*shape, dtype=torch.float32, seed=0, device=DEVICE):
@@ -251,6 +259,7 @@ def no_kernel(monkeypatch):
         raise AssertionError("the matmul kernel was launched for an empty product")
 
     monkeypatch.setattr(matmul_module, "wrap_triton", refuse)
+    monkeypatch.setattr(runtime.registry, "launch_kernel", refuse)  # planned launches
 
 
 @pytest.mark.parametrize(
@@ -460,7 +469,7 @@ def test_more_than_2_31_elements():
 def test_misaligned_operands_copied_to_aligned_rows(dtype, monkeypatch):
     """The GPU path copies operands whose rows are not 16-byte aligned (ragged K or N) into
     padded storage; the values must not change, whatever the layout."""
-    monkeypatch.setattr(matmul_module, "ALIGN_OPERANDS", True)
+    set_tuning(monkeypatch, align_operands=True)
     a_t = rand(77, 45, dtype=dtype, seed=40)
     for a in (rand(45, 77, dtype=dtype, seed=41), a_t.t(), rand(3, 45, 77, dtype=dtype, seed=42)):
         for b in (rand(77, 21, dtype=dtype, seed=43), rand(21, 77, dtype=dtype, seed=44).t(),
@@ -472,7 +481,7 @@ def test_misaligned_operands_copied_to_aligned_rows(dtype, monkeypatch):
 
 
 def test_misaligned_operands_gradients(monkeypatch):
-    monkeypatch.setattr(matmul_module, "ALIGN_OPERANDS", True)
+    set_tuning(monkeypatch, align_operands=True)
     a = rand(13, 77, seed=47).requires_grad_()
     b = rand(77, 21, seed=48).requires_grad_()
     matmul(a, b, activation="relu").sum().backward()
@@ -513,7 +522,7 @@ def test_ragged_edges_never_reach_results(layout, K, dtype, poisoned_new_empty, 
 def test_ragged_batched_through_padded_copies(dtype, monkeypatch, poisoned_new_empty):
     """The GPU path: unaligned operands copied into zero-padded storage, then read with wrapped
     edges and a K tail, batched, with a bias and an activation."""
-    monkeypatch.setattr(matmul_module, "ALIGN_OPERANDS", True)
+    set_tuning(monkeypatch, align_operands=True)
     a = rand(3, 45, 77, dtype=dtype, seed=64)
     bias = rand(21, dtype=dtype, seed=65)
     for b in (rand(77, 21, dtype=dtype, seed=66), rand(3, 21, 77, dtype=dtype, seed=67).transpose(1, 2),
@@ -526,9 +535,9 @@ def test_ragged_batched_through_padded_copies(dtype, monkeypatch, poisoned_new_e
 @pytest.mark.parametrize("int32_offsets", [True, False], ids=["int32_tile_offsets", "int64_tile_offsets"])
 def test_store_offsets_inside_a_tile(int32_offsets, monkeypatch, poisoned_new_empty):
     """Outputs are addressed from the tile's corner with 32-bit offsets unless a tile could span
-    2**31 elements (rows of >= 8M elements): forced here by pretending tiles are that large."""
+    2**31 elements (rows of >= 8M elements): 64-bit ones forced here through the tuning."""
     if not int32_offsets:
-        monkeypatch.setattr(matmul_module, "_MAX_BLOCK", 2**31)
+        set_tuning(monkeypatch, int32_tile_offsets=False)
     a, b = rand(2, 133, 77, seed=76), rand(77, 21, seed=77)
     assert_close(matmul(a, b, activation="relu"), reference(a, b, None, "relu"), torch.float32)
 
@@ -587,6 +596,45 @@ def test_is_aligned_follows_tritons_specialisation():
     assert matmul_module._grain(torch.empty(5, 32)[:, :21], -1) == 4  # fp32
     assert matmul_module._grain(torch.empty(5, 21, dtype=fp16), -1) == 1  # unaligned: exact
     assert matmul_module._grain(torch.empty(5, 1, dtype=fp16), -1) == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_aligned_copy_launch_plan_follows_the_tuning(dtype, planned_launches, monkeypatch):
+    """pad_copy_kernel launches through a cached plan: one plan per layout, dtype and tuning, so a
+    repeated call reuses it and a replaced tuning object takes effect at once."""
+    t = rand(3, 45, 77, dtype=dtype, seed=90)  # rows of 77 elements: copied, padded to 80
+    for _ in range(2):
+        copy = matmul_module._aligned(t)
+        assert torch.equal(copy, t) and matmul_module._is_aligned(copy)
+    tuning = matmul_module.TUNING
+    rows, cols = tuning.pad_block_rows, tuning.pad_block_cols
+    want = ("pad_copy_kernel", (3 * -(-45 // rows) * -(-80 // cols),))
+    assert planned_launches == [want, want]
+    key = (3, 45, 77, 80, t.stride(), dtype, tuning)
+    plan = matmul_module._pad_copy_plan(*key)
+    assert plan is matmul_module._pad_copy_plan(*key)  # cached: its prepared launches kept
+    assert (plan.consts["BLOCK_R"], plan.consts["BLOCK_C"]) == (rows, cols)
+
+    planned_launches.clear()
+    set_tuning(monkeypatch, pad_block_rows=8, pad_block_cols=16)
+    assert torch.equal(matmul_module._aligned(t), t)
+    assert planned_launches == [("pad_copy_kernel", (3 * 6 * 5,))]
+
+
+def test_former_module_switches_read_the_tuning(monkeypatch):
+    """TMA_MATMUL, ALIGN_OPERANDS and TMA_CONFIG are fields of TUNING now: still readable under
+    the old names, and setting one says where it went instead of silently changing nothing."""
+    set_tuning(monkeypatch, tma_matmul=True, align_operands=True, tma_block_n=64)
+    assert matmul_module.TMA_MATMUL is True and matmul_module.ALIGN_OPERANDS is True
+    assert matmul_module.TMA_CONFIG["BLOCK_N"] == 64
+    assert matmul_module.TMA_CONFIG == matmul_module.TUNING.tma_config()
+    for name in ("TMA_MATMUL", "ALIGN_OPERANDS", "TMA_CONFIG"):
+        with pytest.raises(AttributeError, match="TUNING"):
+            setattr(matmul_module, name, None)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        matmul_module.TUNING.tma_matmul = False
+    with pytest.raises(AttributeError, match="no attribute"):
+        matmul_module.NO_SUCH_SWITCH  # noqa: B018
 
 
 # The property the padding and the unmasked loop exist for, checked without a GPU: compiled for an
@@ -689,7 +737,8 @@ assert lin_aligned["spills"] == 0 and lin_ragged["spills"] == 0, (lin_aligned, l
 pad = compile_sm90(mm.pad_copy_kernel,
                    dict(src_ptr="*fp16", dst_ptr="*fp16", rows=5012, cols=7777, cols_padded=7792,
                         stride_sb=0, stride_sr=7777, stride_sc=1),
-                   dict(BLOCK_R=32, BLOCK_C=128), num_warps=4)
+                   dict(BLOCK_R=mm.TUNING.pad_block_rows, BLOCK_C=mm.TUNING.pad_block_cols),
+                   num_warps=mm.TUNING.pad_num_warps)
 stores = re.findall(r"st\.global\S*", pad.asm["ptx"])
 assert stores and all(".v4.b32" in s for s in stores), stores
 print("ok")
@@ -717,9 +766,7 @@ def test_ragged_main_loop_compiles_to_16_byte_async_copies(tmp_path):
 def tma_forced(monkeypatch):
     """Every eligible product through matmul_tma_kernel (small tiles: more programs than SMs,
     so each program walks several tiles); yields the list its launches are recorded in."""
-    monkeypatch.setattr(matmul_module, "TMA_MATMUL", True)
-    monkeypatch.setattr(matmul_module, "TMA_CONFIG",
-                        dict(matmul_module.TMA_CONFIG, BLOCK_M=32, BLOCK_N=32, BLOCK_K=16))
+    set_tuning(monkeypatch, tma_matmul=True, tma_block_m=32, tma_block_n=32, tma_block_k=16)
     launches = []
     launch = matmul_module._launch_matmul_tma
 
@@ -761,9 +808,9 @@ def test_tma_kernel_epilogues_and_unaligned_output_rows(activation, tma_forced):
 
 def test_tma_kernel_not_taken_where_it_does_not_apply(tma_forced, monkeypatch):
     # Batched, fp32, and operands a descriptor cannot describe (no unit stride) keep
-    # matmul_kernel. (With ALIGN_OPERANDS on, as on a GPU, the strided operand would first be
+    # matmul_kernel. (With align_operands on, as on a GPU, the strided operand would first be
     # copied into an aligned buffer, which a descriptor can describe: switched off here.)
-    monkeypatch.setattr(matmul_module, "ALIGN_OPERANDS", False)
+    set_tuning(monkeypatch, align_operands=False)
     a16, b16 = rand(2, 40, 48, dtype=torch.float16, seed=76), rand(48, 24, dtype=torch.float16, seed=77)
     assert_close(matmul(a16, b16), reference(a16, b16), torch.float16)
     a, b = rand(40, 48, seed=78), rand(48, 24, seed=79)
@@ -788,19 +835,25 @@ def test_tma_kernel_gradients(tma_forced):
 
 def test_tma_picked_only_for_large_products_on_hopper(monkeypatch):
     # Auto mode: never in the interpreter or off Hopper; on Hopper only with a wave of tiles.
-    monkeypatch.setattr(matmul_module, "TMA_MATMUL", None)
+    tuning = dataclasses.replace(matmul_module.TUNING, tma_matmul=None)
     # As an op's launcher asks it: launching directly (eager), not traced by torch.compile.
     use_tma = runtime.launch_directly(matmul_module._use_tma)
     a, b = rand(64, 512, dtype=torch.float16), rand(512, 64, dtype=torch.float16)
     out = a.new_empty(64, 64)
     if runtime.INTERPRET or not torch.cuda.is_available():
-        assert not use_tma(a, b, out, "ieee")
+        assert not use_tma(a, b, out, "ieee", tuning)
         return
     monkeypatch.setattr(matmul_module, "_is_hopper", lambda index: True)
-    assert not use_tma(a, b, out, "ieee")  # 1 tile: matmul_kernel's small tiles
+    assert not use_tma(a, b, out, "ieee", tuning)  # 1 tile: matmul_kernel's small tiles
     big_a = a.new_empty(4096, 512)
     big_b = a.new_empty(512, 4096)
-    assert use_tma(big_a, big_b, a.new_empty(4096, 4096), "ieee")
-    assert not matmul_module._use_tma(big_a, big_b, a.new_empty(4096, 4096), "ieee")  # traced
+    big_out = a.new_empty(4096, 4096)
+    assert use_tma(big_a, big_b, big_out, "ieee", tuning)
+    assert not matmul_module._use_tma(big_a, big_b, big_out, "ieee", tuning)  # traced
+    # A wave of the tuning's tiles is what counts: 4096x4096 in 2048-wide tiles is 4 of them.
+    wide = dataclasses.replace(tuning, tma_block_m=2048, tma_block_n=2048)
+    assert not use_tma(big_a, big_b, big_out, "ieee", wide)
+    assert not use_tma(big_a, big_b, big_out, "ieee",
+                       dataclasses.replace(tuning, tma_matmul=False))
     monkeypatch.setattr(matmul_module, "_is_hopper", lambda index: False)
-    assert not use_tma(big_a, big_b, a.new_empty(4096, 4096), "ieee")
+    assert not use_tma(big_a, big_b, big_out, "ieee", tuning)

@@ -1,10 +1,13 @@
 """softmax against torch.softmax computed in float64: values and gradients, both kernel paths.
 
-The multi-block (online) path normally starts past 16384 columns; the ``multi_block`` fixture
-lowers the module's threshold so that short rows exercise it in the interpreter in milliseconds.
+The multi-block (online) path normally starts past 32768 columns; the ``multi_block`` fixture
+replaces the module's ``TUNING`` with lower thresholds so that short rows exercise it in the
+interpreter in milliseconds.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -30,9 +33,9 @@ def path(request, monkeypatch):
     """Run the test on both kernel paths: the multi-block one with every row of 2+ columns
     streamed in chunks of at most 64 (so 1000 columns take 16 chunks)."""
     if request.param == "multi_block":
-        monkeypatch.setattr(softmax_ops, "SINGLE_BLOCK_MAX_COLS", 1)
-        monkeypatch.setattr(softmax_ops, "BACKWARD_SINGLE_BLOCK_MAX_COLS", 1)
-        monkeypatch.setattr(softmax_ops, "CHUNK_COLS", 64)
+        monkeypatch.setattr(softmax_ops, "TUNING", dataclasses.replace(
+            softmax_ops.TUNING, single_block_max_cols=1, backward_single_block_max_cols=1,
+            chunk_cols=64))
     return request.param
 
 
@@ -88,8 +91,8 @@ def test_non_contiguous_input_and_grad(path, make):
 
 def test_row_longer_than_default_single_block_limit():
     # Past the forward's limit (multi-block forward, single-block backward), then past both.
-    for n_cols in (softmax_ops.SINGLE_BLOCK_MAX_COLS + 1000,
-                   softmax_ops.BACKWARD_SINGLE_BLOCK_MAX_COLS + 1000):
+    for n_cols in (softmax_ops.TUNING.single_block_max_cols + 1000,
+                   softmax_ops.TUNING.backward_single_block_max_cols + 1000):
         _check(_randn(2, n_cols), -1)
 
 
@@ -217,3 +220,19 @@ def test_eager_backward_takes_the_plan_made_in_the_forward(path, monkeypatch):
     assert calls == [1]
     torch.testing.assert_close(
         dx, torch.autograd.grad(torch.softmax(x, -1), x, _randn(8, 33, seed=3))[0])
+
+
+def test_tuning_is_part_of_the_plan_key(monkeypatch, planned_launches):
+    """A replaced TUNING takes effect at the next call (its plans are keyed on it, never stale),
+    and the default comes back with the default's plans."""
+    x = _randn(4, 300)
+    default = softmax_ops.TUNING
+    with monkeypatch.context() as m:
+        m.setattr(softmax_ops, "TUNING", dataclasses.replace(default, single_block_max_cols=256,
+                                                             chunk_cols=64))
+        torch.testing.assert_close(softmax(x), torch.softmax(x, -1))
+    torch.testing.assert_close(softmax(x), torch.softmax(x, -1))
+    assert planned_launches == [("softmax_fwd_online_kernel", (4,)), ("softmax_fwd_kernel", (1,))]
+    plan = softmax_ops._find_plan(x.shape, 1, (x.stride(),) * 2, x.dtype, False)
+    assert plan is softmax_ops._find_plan(x.shape, 1, (x.stride(),) * 2, x.dtype, False)
+    assert plan.consts["BLOCK_N"] == 512 and plan.consts["ROWS"] == 4  # 300 columns, 4 rows

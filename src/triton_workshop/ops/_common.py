@@ -1,4 +1,5 @@
-"""What several op families share: dtype sets and the checking of a ``dim`` argument."""
+"""What several op families share: dtype sets, the checking of a ``dim`` argument, and the
+shared memory of a pipelined GEMM config."""
 
 from __future__ import annotations
 
@@ -30,3 +31,11 @@ def normalize_dim(dim, ndim: int, name: str = "dim") -> int:
     if not -size <= dim < size:
         raise DimError(f"{name} must be in [{-size}, {size - 1}] for a {ndim}-d tensor, got {dim}")
     return dim % size
+
+
+def gemm_shared_memory_bytes(config, element_size: int) -> int:
+    """Shared memory a software-pipelined GEMM config (``BLOCK_M``, ``BLOCK_N``, ``BLOCK_K``,
+    ``num_stages``) keeps: one A and one B slice per stage. Config pruning compares it with
+    :func:`runtime.shared_memory_limit` (a config over it fails to launch)."""
+    kw = config.kwargs
+    return config.num_stages * (kw["BLOCK_M"] + kw["BLOCK_N"]) * kw["BLOCK_K"] * element_size

@@ -3,32 +3,11 @@
     out = F.linear(F.layer_norm(x, (K,), ln_weight, ln_bias, eps), weight, bias)
 
 for ``x`` of shape (..., K) and ``weight`` (N, K): the block that opens every pre-norm
-transformer layer (``ln -> qkv``, ``ln -> mlp.fc1``).
-
-**Forward**: :func:`~triton_workshop.ops.layer_norm.layer_norm_forward` writes the normalised
-activations in x's dtype (with one ``mean`` and ``rstd`` per row), and
-:func:`~triton_workshop.ops.matmul.launch_matmul` multiplies them by ``weightᵀ`` with ``bias`` in
-its epilogue. The normalised activations are a temporary, freed when the forward returns.
-
-**Why not the folded epilogue.** Algebra can move LayerNorm past the product,
-``rstd·(x @ W'ᵀ) − rstd·mean·c1 + c2`` with ``W' = W·g`` and ``c1`` its row sums, so that the
-normalised activations are never written. But the product then runs over the raw ``x``: its fp32
-accumulator holds partial sums of size ``|mean|·|w|·√k`` while the result is of size ``std``, and
-the rounding of those sums (``2⁻²⁴ · √K · |mean| / std`` relative) cancels catastrophically on rows
-far from zero (a residual stream with an offset: at ``|mean| / std = 1e4`` the error was 0.13-0.38,
-against PyTorch's 5e-3). Centring the A tiles inside the main loop would fix the numerics at the
-price of the loop every matmul shares. The unfused pair moves one write and one read of M x K
-more than the folded form, and on an H100 measured the same within noise at the benchmark sizes
-(docs/results.md): the product dominates. Numerics are then exactly the unfused PyTorch pair's:
-the normalised activations rounded to x's dtype, a product accumulated in fp32.
-
-**Backward** recomputes ``ln_out = xhat·g + b`` from the saved ``mean``/``rstd``, then
-
-    dW = dYᵀ @ ln_out,   dbias = Σ_rows dY,   d_ln_out = dY @ W,
-
-through :func:`~triton_workshop.ops.matmul.matmul`, and ``(dx, dg, db)`` come from
-:func:`~triton_workshop.ops.layer_norm.layer_norm_backward` (deterministic). Saved for backward:
-``x``, the parameters and 8 bytes a row, never an M x K activation.
+transformer layer. No kernels of its own: the forward is
+:func:`~triton_workshop.ops.layer_norm.layer_norm_forward` then
+:func:`~triton_workshop.ops.matmul.launch_matmul` (the bias in its epilogue); the backward
+recomputes the normalised rows from the saved ``mean``/``rstd``. Why it is not a folded epilogue
+(it cancels at large ``|mean| / std``) is in docs/kernels/layer_norm_linear.md.
 """
 
 from __future__ import annotations
@@ -41,10 +20,9 @@ import torch
 
 from .. import runtime
 from ..runtime import FLOAT_DTYPES, register_op
+from ._common import FLOAT_DTYPES_WITH_FP64
 from .layer_norm import layer_norm_backward, layer_norm_forward
 from .matmul import launch_matmul, matmul
-
-_PARAM_DTYPES = FLOAT_DTYPES + (torch.float64,)
 
 
 def _n_rows(x: torch.Tensor) -> int:
@@ -75,7 +53,7 @@ def layer_norm_linear_forward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(out, mean, rstd)``: out (..., N) in x's dtype; mean and rstd one per row (fp32, fp64
     for fp64 x). Two launches: layer_norm's forward, then the product with ``bias`` in its
-    epilogue (see the module docstring)."""
+    epilogue (docs/kernels/layer_norm_linear.md)."""
     K, N = x.shape[-1], weight.shape[0]
     M = _n_rows(x)
     x2d = x if x.dim() == 2 else x.reshape(M, K)  # a view unless the leading dims cannot merge
@@ -156,7 +134,7 @@ def _check_args(x, ln_weight, ln_bias, weight, bias, eps) -> None:
     ):
         if t is None:
             continue
-        runtime.check_tensor(t, name, dtypes=_PARAM_DTYPES, ndim=1)
+        runtime.check_tensor(t, name, dtypes=FLOAT_DTYPES_WITH_FP64, ndim=1)
         if t.shape[0] != size:
             raise ValueError(f"{name} must have shape ({what},) = ({size},), got {tuple(t.shape)}")
     runtime.check_same_device(x=x, ln_weight=ln_weight, ln_bias=ln_bias, weight=weight, bias=bias)
@@ -181,7 +159,7 @@ def layer_norm_linear(
     PyTorch's TF32 setting like :func:`~triton_workshop.ops.matmul.matmul`); ``ln_weight`` and
     ``ln_bias`` (K,) and ``bias`` (N,) of any float dtype, each optional (None: 1, 0, 0). Returns
     (..., N) in x's dtype, with the numerics of the unfused PyTorch pair; the backward saves no
-    normalised activations (see the module docstring). Differentiable in all five tensors, and
+    normalised activations (docs/kernels/layer_norm_linear.md). Differentiable in all five tensors, and
     traceable by ``torch.compile``.
     """
     _check_args(x, ln_weight, ln_bias, weight, bias, eps)

@@ -49,10 +49,13 @@ def plan_cache(maxsize: int = 1024) -> Callable[[Callable], Callable]:
         @functools.wraps(fn)
         def plan(*args):
             try:
-                hash(args)
-            except TypeError:  # symbolic sizes: no cache
-                return fn(*args)
-            return cached(*args)
+                return cached(*args)
+            except TypeError:
+                try:  # unhashable arguments (symbolic sizes): worked out uncached
+                    hash(args)
+                except TypeError:
+                    return fn(*args)
+                raise  # the plan function's own error
 
         plan.cache_clear = cached.cache_clear
         plan.cache_info = cached.cache_info

@@ -1,57 +1,41 @@
-"""Elementwise ops, and the workshop's first lesson in fusion.
+"""Elementwise ops: ``add`` and ``fused_mul_add_sqrt``, one pass over memory each.
 
-``torch.sqrt(a * b + c)`` in eager PyTorch is three kernels (multiply, add, square root): each
-reads its inputs from memory and writes a temporary, 5 reads + 3 writes in all. One Triton kernel
-reads ``a``, ``b`` and ``c`` once and writes the result once, 3 reads + 1 write: for a memory-bound
-op the speed-up is the ratio of bytes moved.
-
-Both kernels are the same 1-D pattern: each program owns ``BLOCK_SIZE`` consecutive elements, the
-offsets are 64-bit so that tensors past 2**31 elements index correctly, and the mask switches off
-the lanes of the last block that fall past the end.
+Host code: the tuning (:class:`ElementwiseTuning`), the cached launch plans, the registered ops,
+their autograd and the public functions, which broadcast and promote like torch. The kernels are
+in :mod:`.kernels`; why fusing ``sqrt(a * b + c)`` into one kernel pays is in
+docs/kernels/elementwise.md.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
-import triton
-import triton.language as tl
 
-from .. import runtime
-from ..runtime import FLOAT_DTYPES, register_op, wrap_triton
-
-# 4096 fp32 elements a program, 8 warps: 16 elements a thread, four 16-byte loads in flight per
-# input, enough to cover memory latency on an H100 without a tail effect on small tensors.
-BLOCK_SIZE = 4096
-NUM_WARPS = 8
+from ... import runtime
+from ...runtime import FLOAT_DTYPES, LaunchPlan, plan_cache, register_op
+from .kernels import add_kernel, mul_add_sqrt_kernel
 
 
-@triton.jit
-def add_kernel(x_ptr, y_ptr, out_ptr, n_elements, BLOCK_SIZE: tl.constexpr):
-    pid = tl.program_id(0).to(tl.int64)
-    offsets = pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-    mask = offsets < n_elements
-    # Add in fp32 and round once: exact for fp32, correctly rounded for fp16/bf16 (and the
-    # interpreter cannot add bf16 natively: it would add the raw bit patterns).
-    x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
-    y = tl.load(y_ptr + offsets, mask=mask).to(tl.float32)
-    tl.store(out_ptr + offsets, (x + y).to(out_ptr.dtype.element_ty), mask=mask)
+@dataclass(frozen=True)
+class ElementwiseTuning:
+    """The launch decisions of the elementwise ops: part of every plan's key."""
+
+    #: 4096 fp32 elements a program over 8 warps: 16 elements a thread, four 16-byte loads in
+    #: flight per input, enough to cover memory latency without a tail effect on small tensors.
+    block_size: int = 4096
+    num_warps: int = 8
 
 
-@triton.jit
-def mul_add_sqrt_kernel(a_ptr, b_ptr, c_ptr, out_ptr, n_elements, BLOCK_SIZE: tl.constexpr):
-    pid = tl.program_id(0).to(tl.int64)
-    offsets = pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-    mask = offsets < n_elements
-    # fp16/bf16 are widened to fp32 for the arithmetic, rounded once on the store.
-    a = tl.load(a_ptr + offsets, mask=mask).to(tl.float32)
-    b = tl.load(b_ptr + offsets, mask=mask).to(tl.float32)
-    c = tl.load(c_ptr + offsets, mask=mask).to(tl.float32)
-    out = tl.sqrt(a * b + c)
-    tl.store(out_ptr + offsets, out.to(out_ptr.dtype.element_ty), mask=mask)
+#: The tuning every launch reads (at call time: a replaced object takes effect at once).
+TUNING = ElementwiseTuning()
 
 
-def _grid(n: int):
-    return (runtime.cdiv(n, BLOCK_SIZE),)
+@plan_cache()
+def _plan(kernel, n_elements: int, tuning: ElementwiseTuning) -> LaunchPlan:
+    """A 1-D launch over ``n_elements``: ``block_size`` consecutive elements a program."""
+    return LaunchPlan(kernel, (runtime.cdiv(n_elements, tuning.block_size),), (n_elements,),
+                      dict(BLOCK_SIZE=tuning.block_size, num_warps=tuning.num_warps))
 
 
 def _prepare(**tensors: torch.Tensor) -> list[torch.Tensor]:
@@ -89,7 +73,7 @@ def _add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     if n == 0:
         return out
     with runtime.device_guard(x):
-        wrap_triton(add_kernel)[_grid(n)](x, y, out, n, BLOCK_SIZE=BLOCK_SIZE, num_warps=NUM_WARPS)
+        _plan(add_kernel, n, TUNING).launch(x, y, out)
     return out
 
 
@@ -100,9 +84,7 @@ def _fused_mul_add_sqrt(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> to
     if n == 0:
         return out
     with runtime.device_guard(a):
-        wrap_triton(mul_add_sqrt_kernel)[_grid(n)](
-            a, b, c, out, n, BLOCK_SIZE=BLOCK_SIZE, num_warps=NUM_WARPS
-        )
+        _plan(mul_add_sqrt_kernel, n, TUNING).launch(a, b, c, out)
     return out
 
 

@@ -1,0 +1,462 @@
+"""Layer normalisation over the trailing dims, forward and a deterministic backward, in Triton.
+
+    y = (x - mean) * rstd * weight + bias,   rstd = 1 / sqrt(var + eps)
+
+Host code: the tuning (:class:`LayerNormTuning`), the cached launch plans, the registered ops,
+the autograd and :func:`layer_norm`. The kernels are in :mod:`.kernels`; why they are built as
+they are (statistics in registers on shifted values, Chan's update for long rows, partial sums
+instead of atomics) is in docs/kernels/layer_norm.md.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from typing import NamedTuple, Optional
+
+import torch
+
+from ... import runtime
+from ...runtime import (
+    LaunchPlan,
+    acc_dtype,
+    chunk_tile,
+    num_warps_for,
+    plan_cache,
+    register_op,
+    row_tile,
+)
+from .._common import FLOAT_DTYPES_WITH_FP64
+from .kernels import (
+    layer_norm_bwd_dwdb_chunked_kernel,
+    layer_norm_bwd_dx_chunked_kernel,
+    layer_norm_bwd_kernel,
+    layer_norm_bwd_sum_partials_kernel,
+    layer_norm_fwd_chunked_kernel,
+    layer_norm_fwd_kernel,
+)
+
+
+@dataclass(frozen=True)
+class LayerNormTuning:
+    """The launch decisions of layer_norm: part of every plan's key (tests replace
+    :data:`TUNING` with ``dataclasses.replace`` to reach the chunked paths on short rows).
+    docs/kernels/layer_norm.md has the measurements behind the numbers."""
+
+    #: Longest row the forward keeps whole in registers; longer rows are streamed in
+    #: ``forward_chunk_cols`` chunks. The chunked kernel reads each row twice (the second time
+    #: from L2) and is still the faster from 8192 columns on: a whole row of 8192-16384 values in
+    #: registers leaves one program an SM.
+    single_block_max_cols: int = 4096
+    #: The forward's chunk (a power of two): one chunk holds a whole row of up to 8192 columns.
+    forward_chunk_cols: int = 8192
+    #: The same for the backward, lower: its program also keeps the running dweight/dbias sums
+    #: and the weight row in registers, and spills on longer rows.
+    backward_single_block_max_cols: int = 8192
+    #: Longer rows up to this length still get ``dx`` from one single-block pass (the fused
+    #: kernel with the dweight/dbias sums off: x, dy and the weight row only, as in the forward),
+    #: and the partial sums from the column-tiled kernel; longer still, ``dx`` takes two chunked
+    #: passes over each row. fp16 rows of 16384 with 32 warps compile to 64 registers on sm_90,
+    #: no spills.
+    backward_dx_single_block_max_cols: int = 16384
+    #: Elements per loop step on the backward's chunked paths (a power of two).
+    chunk_cols: int = 4096
+    #: Elements a single-block program aims to own (short rows are packed several to a program),
+    #: and the most rows it packs.
+    tile_elems: int = 4096
+    max_rows_per_program: int = 64
+    #: Backward programs per SM: each accumulates partial dweight/dbias over its group of rows,
+    #: so there are ``programs x n_cols`` partials to sum at the end. More programs an SM add
+    #: partials to write and sum and no bandwidth.
+    backward_programs_per_sm: int = 2
+    #: Single-block backward tiles of at least this many elements (rows of 4097-8192 columns) are
+    #: "wide": a program holds the weight row and the running dweight/dbias besides x and dy, and
+    #: with 16 warps needs so many registers that one program fills an SM. Wide tiles run
+    #: ``backward_wide_num_warps`` warps (64 registers a thread, no spills) and one program an SM.
+    backward_wide_tile_elems: int = 8192
+    backward_wide_num_warps: int = 32
+    #: The single-block backward's row loop is software-pipelined over this many stages
+    #: (``cp.async``): the x and dy tiles of the next ``stages - 1`` iterations are loaded into
+    #: shared memory while the program reduces and stores the current one; without it a
+    #: persistent program has no load in flight during that time. Used only where those tiles fit
+    #: in ``backward_prefetch_bytes`` (fp16/bf16 rows up to 8192, fp32 up to 4096); otherwise 1
+    #: stage: an fp32 row of 8192 pipelined over 2 stages spilled at the 64 registers 32 warps
+    #: allow (sm_90, Triton 3.6).
+    backward_stages: int = 3
+    #: 64 KiB of shared memory a program: fits any GPU with ``cp.async`` (sm_80 and later).
+    backward_prefetch_bytes: int = 64 * 1024
+    #: Software-pipeline stages of the column-tiled dweight/dbias kernel's row loop.
+    dwdb_stages: int = 3
+    #: The partial-sum reduction's tile: ``BLOCK_P`` partial rows x ``BLOCK_N`` columns a step
+    #: (narrow, so that even 1024 columns are 32 programs).
+    sum_partials_block_p: int = 32
+    sum_partials_block_n: int = 32
+
+
+#: The tuning every launch reads (at call time: a replaced object takes effect at once).
+TUNING = LayerNormTuning()
+
+
+# --------------------------------------------------------------------------------------------
+# Launch plans, registered ops, autograd.
+# --------------------------------------------------------------------------------------------
+def _rows_cols(x: torch.Tensor, norm_ndim: int) -> tuple[int, int]:
+    shape = x.shape
+    if norm_ndim == 1 and shape[-1]:  # the common case, without slicing the shape twice
+        return x.numel() // shape[-1], shape[-1]
+    return math.prod(shape[: len(shape) - norm_ndim]), math.prod(shape[len(shape) - norm_ndim :])
+
+
+def _stats_dtype(dtype: torch.dtype) -> torch.dtype:
+    """mean/rstd and the partial sums are kept in the kernels' arithmetic type."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _layer_norm_forward_fake(x, weight, bias, norm_ndim, eps):
+    n_rows, _ = _rows_cols(x, norm_ndim)
+    stats = _stats_dtype(x.dtype)
+    return (
+        torch.empty(x.shape, dtype=x.dtype, device=x.device),
+        x.new_empty(n_rows, dtype=stats),
+        x.new_empty(n_rows, dtype=stats),
+    )
+
+
+# Autocast as F.layer_norm: on torch's CUDA fp32 list, on no CPU list (there: dtypes as without).
+@register_op("layer_norm_forward", fake=_layer_norm_forward_fake, autocast={"cuda": "fp32"})
+def layer_norm_forward(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    norm_ndim: int,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(y, mean, rstd)`` of layer norm over the last ``norm_ndim`` dims of ``x`` (arguments
+    already checked by :func:`layer_norm`); ``mean`` and ``rstd`` have one value per row."""
+    n_rows, n_cols = _rows_cols(x, norm_ndim)
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    stats = _stats_dtype(x.dtype)
+    mean = x.new_empty(n_rows, dtype=stats)
+    rstd = x.new_empty(n_rows, dtype=stats)
+    if n_rows == 0:
+        return y, mean, rstd
+    if n_cols == 0:  # statistics of nothing, as PyTorch: NaN
+        return y, mean.fill_(math.nan), rstd.fill_(math.nan)
+    x = x.contiguous()
+    w = weight.contiguous() if weight is not None else x
+    b = bias.contiguous() if bias is not None else x  # never read when HAS_BIAS is off
+    plan = _forward_plan(n_rows, n_cols, eps, (x.dtype, w.dtype, b.dtype), weight is not None,
+                         bias is not None, TUNING)
+    with runtime.device_guard(x):
+        plan.launch(x, w, b, y, mean, rstd)
+    return y, mean, rstd
+
+
+@plan_cache()
+def _forward_plan(n_rows, n_cols, eps, dtypes, has_weight, has_bias,
+                  tuning: LayerNormTuning) -> LaunchPlan:
+    """The forward's launch (``dtypes``: of x, weight and bias as launched). Cached: the same few
+    shapes come back every step, and on a slow host working this out costs as much as a
+    launch."""
+    consts = dict(HAS_WEIGHT=has_weight, HAS_BIAS=has_bias, ACC=acc_dtype(dtypes[0]))
+    if n_cols <= tuning.single_block_max_cols:
+        tile = row_tile(n_cols, n_rows, tile_elems=tuning.tile_elems,
+                        max_rows=tuning.max_rows_per_program)
+        consts.update(BLOCK_N=tile.block_cols, ROWS=tile.rows, num_warps=tile.num_warps)
+        return LaunchPlan(layer_norm_fwd_kernel, (runtime.cdiv(n_rows, tile.rows),),
+                          (n_rows, n_cols, eps), consts)
+    tile = chunk_tile(n_cols, tuning.forward_chunk_cols)
+    consts.update(BLOCK_N=tile.block_cols, num_warps=tile.num_warps)
+    return LaunchPlan(layer_norm_fwd_chunked_kernel, (n_rows,), (n_cols, eps), consts)
+
+
+def _grad_dtypes(x, weight, bias_dtype) -> tuple[torch.dtype, torch.dtype]:
+    """dtypes of ``dweight`` and ``dbias``: the parameters' own when known, else the stats'."""
+    stats = _stats_dtype(x.dtype)
+    return (weight.dtype if weight is not None else stats,
+            bias_dtype if bias_dtype is not None else stats)
+
+
+def _layer_norm_backward_fake(dy, x, weight, mean, rstd, norm_ndim, need_dx, need_dw, need_db,
+                              bias_dtype=None):
+    _, n_cols = _rows_cols(x, norm_ndim)
+    dw_dtype, db_dtype = _grad_dtypes(x, weight, bias_dtype)
+    return (
+        torch.empty(x.shape if need_dx else (0,), dtype=x.dtype, device=x.device),
+        x.new_empty(n_cols if need_dw else 0, dtype=dw_dtype),
+        x.new_empty(n_cols if need_db else 0, dtype=db_dtype),
+    )
+
+
+class BackwardPlan(NamedTuple):
+    """The backward's launches for one shape, in launch order, by name (``"fused"``,
+    ``"dx_rows"``, ``"dx"``, ``"dwdb"``, ``"sum"``: see :func:`_backward_launches` for their
+    operands), and the rows of the partial ``dweight``/``dbias`` buffers they fill."""
+
+    n_partials: int
+    launches: dict[str, LaunchPlan]
+
+
+@plan_cache()
+def _backward_plan(n_rows, n_cols, dtypes, has_weight, need, n_sms,
+                   tuning: LayerNormTuning) -> BackwardPlan:
+    """The backward's launches for one shape. Cached like the forward's plan. ``dtypes``: of
+    ``dy``, ``x``, the weight as launched, ``dweight`` and ``dbias``."""
+    _, need_dw, need_db = need
+    dy_dtype, dtype = dtypes[:2]
+    acc = acc_dtype(dtype)
+    n_partials, launches = _backward_main_launches(
+        n_rows, n_cols, dy_dtype.itemsize + dtype.itemsize, acc, has_weight, need, n_sms, tuning)
+    if need_dw or need_db:
+        # The second, small stage of the reduction, in a fixed order: deterministic.
+        launches["sum"] = LaunchPlan(
+            layer_norm_bwd_sum_partials_kernel,
+            (runtime.cdiv(n_cols, tuning.sum_partials_block_n),), (n_partials, n_cols),
+            dict(COMPUTE_DW=need_dw, COMPUTE_DB=need_db, ACC=acc,
+                 BLOCK_P=tuning.sum_partials_block_p, BLOCK_N=tuning.sum_partials_block_n,
+                 num_warps=4))
+    return BackwardPlan(n_partials, launches)
+
+
+def _backward_main_launches(n_rows, n_cols, bytes_per_elem_pair, acc, has_weight, need, n_sms,
+                            tuning: LayerNormTuning) -> tuple[int, dict[str, LaunchPlan]]:
+    """``(n_partials, launches)``: the backward's launches before the partial sums: one fused
+    kernel for rows that fit a block, else dx and the dweight/dbias partials chunk by chunk.
+    ``bytes_per_elem_pair``: bytes of one ``x`` and one ``dy`` element."""
+    need_dx, need_dw, need_db = need
+    wide_num_warps = tuning.backward_wide_num_warps
+    if n_cols <= tuning.backward_single_block_max_cols:
+        tile = row_tile(n_cols, n_rows, tile_elems=tuning.tile_elems,
+                        max_rows=tuning.max_rows_per_program)
+        elems = tile.rows * tile.block_cols
+        wide = elems >= tuning.backward_wide_tile_elems
+        programs_per_sm = tuning.backward_programs_per_sm
+        # A fixed partition of the rows into groups (it depends only on the shape and the GPU):
+        # the same summation order, so the same bits, every run.
+        n_programs = min(n_sms * (1 if wide else programs_per_sm), runtime.cdiv(n_rows, tile.rows))
+        rows_per_program = runtime.cdiv(n_rows, n_programs)
+        n_programs = runtime.cdiv(n_rows, rows_per_program)
+        # Pipeline the row loop where the prefetched x and dy tiles fit in shared memory.
+        stages = tuning.backward_stages
+        prefetch = (stages - 1) * elems * bytes_per_elem_pair
+        consts = dict(
+            HAS_WEIGHT=has_weight, COMPUTE_DX=need_dx, COMPUTE_DW=need_dw, COMPUTE_DB=need_db,
+            ACC=acc, BLOCK_N=tile.block_cols, ROWS=tile.rows,
+            STAGES=stages if prefetch <= tuning.backward_prefetch_bytes else 1,
+            num_warps=wide_num_warps if wide else tile.num_warps,
+        )
+        launches = {"fused": LaunchPlan(layer_norm_bwd_kernel, (n_programs,),
+                                        (n_rows, n_cols, rows_per_program), consts)}
+        return n_programs, launches
+    tile = chunk_tile(n_cols, tuning.chunk_cols)
+    launches = {}
+    if need_dx and n_cols <= tuning.backward_dx_single_block_max_cols:
+        # One read of x and dy for dx (not two): without the running sums a whole row fits.
+        # Persistent, one wide program an SM. Not pipelined: 2 stages measured slower than 1
+        # (docs/kernels/layer_norm.md).
+        block_cols = runtime.next_power_of_2(n_cols)
+        rows_per_program = runtime.cdiv(n_rows, min(n_sms, n_rows))
+        launches["dx_rows"] = LaunchPlan(
+            layer_norm_bwd_kernel, (runtime.cdiv(n_rows, rows_per_program),),
+            (n_rows, n_cols, rows_per_program),
+            dict(HAS_WEIGHT=has_weight, COMPUTE_DX=True, COMPUTE_DW=False, COMPUTE_DB=False,
+                 ACC=acc, BLOCK_N=block_cols, ROWS=1, STAGES=1, num_warps=wide_num_warps))
+    elif need_dx:
+        launches["dx"] = LaunchPlan(layer_norm_bwd_dx_chunked_kernel, (n_rows,), (n_cols,), dict(
+            HAS_WEIGHT=has_weight, ACC=acc, BLOCK_N=tile.block_cols, num_warps=tile.num_warps))
+    n_col_blocks = runtime.cdiv(n_cols, tile.block_cols)
+    n_groups = min(n_rows, runtime.cdiv(n_sms * tuning.backward_programs_per_sm, n_col_blocks))
+    rows_per_group = runtime.cdiv(n_rows, n_groups)
+    n_groups = runtime.cdiv(n_rows, rows_per_group)
+    if need_dw or need_db:
+        launches["dwdb"] = LaunchPlan(
+            layer_norm_bwd_dwdb_chunked_kernel, (n_groups, n_col_blocks),
+            (n_rows, n_cols, rows_per_group),
+            dict(COMPUTE_DW=need_dw, COMPUTE_DB=need_db, ACC=acc, BLOCK_N=tile.block_cols,
+                 STAGES=tuning.dwdb_stages, num_warps=num_warps_for(tile.block_cols)))
+    return n_groups, launches
+
+
+@register_op("layer_norm_backward", fake=_layer_norm_backward_fake)
+def layer_norm_backward(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    norm_ndim: int,
+    need_dx: bool,
+    need_dw: bool,
+    need_db: bool,
+    bias_dtype: Optional[torch.dtype] = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dx, dweight, dbias)``; each one not asked for is an empty placeholder. ``dweight`` and
+    ``dbias`` come flat (the caller reshapes), ``dweight`` in ``weight``'s dtype, ``dbias`` in
+    ``bias_dtype`` (both in the arithmetic type, fp32 or fp64, when unknown)."""
+    n_rows, n_cols = _rows_cols(x, norm_ndim)
+    dw_dtype, db_dtype = _grad_dtypes(x, weight, bias_dtype)
+    if n_rows == 0 or n_cols == 0:  # a sum over no rows is 0
+        dx = x.new_empty(x.shape if need_dx else (0,))
+        dw = x.new_zeros(n_cols if need_dw else 0, dtype=dw_dtype)
+        db = x.new_zeros(n_cols if need_db else 0, dtype=db_dtype)
+        return dx, dw, db
+    dy, x = dy.contiguous(), x.contiguous()
+    w = weight.contiguous() if weight is not None else x  # never read when HAS_WEIGHT is off
+    plan = _find_backward_plan(n_rows, n_cols, dy.dtype, x.dtype, w.dtype, dw_dtype, db_dtype,
+                               weight is not None, (need_dx, need_dw, need_db), x.device)
+    with runtime.device_guard(x):
+        return _backward_launches(plan, dy, x, w, mean, rstd, n_cols, need_dx, need_dw, need_db,
+                                  dw_dtype, db_dtype)
+
+
+def _find_backward_plan(n_rows, n_cols, dy_dtype, x_dtype, w_dtype, dw_dtype, db_dtype,
+                        has_weight, need, device):
+    return _backward_plan(n_rows, n_cols, (dy_dtype, x_dtype, w_dtype, dw_dtype, db_dtype),
+                          has_weight, need, runtime.num_sms(device), TUNING)
+
+
+def _backward_launches(plan, dy, x, w, mean, rstd, n_cols, need_dx, need_dw, need_db, dw_dtype,
+                       db_dtype):
+    """Allocate and launch the backward of a plan (n_rows > 0, n_cols > 0, contiguous dy, x)."""
+    n_partials, launches = plan
+    dx = torch.empty_like(x) if need_dx else x.new_empty(0)
+    # Row g of the partial buffers: the dweight/dbias sums of row group g (one allocation).
+    n_sums = need_dw + need_db
+    partials = x.new_empty((max(n_sums, 1), n_partials if n_sums else 0, n_cols),
+                           dtype=_stats_dtype(x.dtype))
+    dw_partial, db_partial = partials[0], partials[n_sums - 1 if n_sums else 0]
+    dw = x.new_empty(n_cols if need_dw else 0, dtype=dw_dtype)
+    db = x.new_empty(n_cols if need_db else 0, dtype=db_dtype)
+    operands = {
+        "fused": (dy, x, w, mean, rstd, dx, dw_partial, db_partial),
+        "dx_rows": (dy, x, w, mean, rstd, dx, dw_partial, db_partial),  # the sums: not written
+        "dx": (dy, x, w, mean, rstd, dx),
+        "dwdb": (dy, x, mean, rstd, dw_partial, db_partial),
+        "sum": (dw_partial, db_partial, dw, db),
+    }
+    for name, launch in launches.items():
+        launch.launch(*operands[name])
+    return dx, dw, db
+
+
+def _layer_norm_setup_context(ctx, inputs, output):
+    x, weight, bias, norm_ndim, _ = inputs
+    _, mean, rstd = output
+    ctx.mark_non_differentiable(mean, rstd)  # saved statistics: no gradient flows through them
+    # Their incoming gradients would otherwise be materialised as zero tensors (two fill kernels
+    # a step) only to be ignored.
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(x, weight, mean, rstd)
+    ctx.norm_ndim = norm_ndim
+    ctx.bias_dtype = bias.dtype if bias is not None else None
+    n_rows, n_cols = _rows_cols(x, norm_ndim)
+    if getattr(ctx, "eager", False) and n_rows and n_cols and x.is_contiguous() and (
+            weight is None or weight.is_contiguous()):
+        # The backward's plan, found now on the calling thread for the usual case of a
+        # contiguous gradient of x's dtype: the backward then only allocates and launches.
+        dw_dtype, db_dtype = _grad_dtypes(x, weight, ctx.bias_dtype)
+        ctx.backward_plan = (_find_backward_plan(
+            n_rows, n_cols, x.dtype, x.dtype, (weight if weight is not None else x).dtype,
+            dw_dtype, db_dtype, weight is not None, tuple(ctx.needs_input_grad[:3]), x.device),
+            n_cols, dw_dtype, db_dtype)
+
+
+@runtime.launch_directly
+def _layer_norm_backward_planned(planned, need, dy, x, weight, mean, rstd):
+    plan, n_cols, dw_dtype, db_dtype = planned
+    return _backward_launches(plan, dy, x, weight if weight is not None else x, mean, rstd,
+                              n_cols, *need, dw_dtype, db_dtype)
+
+
+def _layer_norm_backward_autograd(ctx, dy, _dmean, _drstd):
+    x, weight, mean, rstd = ctx.saved_tensors
+    need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
+    if dy is None:  # y did not reach the loss (grads are not materialised, see setup_context)
+        return None, None, None, None, None
+    planned = getattr(ctx, "backward_plan", None)
+    if (planned is not None and dy.dtype == x.dtype and dy.is_contiguous()
+            and dy.device == x.device and runtime.eager_backward()):
+        # Autograd runs a CUDA backward on its device thread, already on x's device.
+        dx, dw, db = _layer_norm_backward_planned(
+            planned, (need_dx, need_dw, need_db), dy, x, weight, mean, rstd)
+    else:
+        dx, dw, db = layer_norm_backward(
+            dy, x, weight, mean, rstd, ctx.norm_ndim, need_dx, need_dw, need_db, ctx.bias_dtype
+        )
+    if ctx.norm_ndim > 1:  # the kernels return flat dweight/dbias (empty when not needed)
+        norm_shape = x.shape[x.dim() - ctx.norm_ndim :]
+        dw = dw.view(norm_shape) if need_dw else None
+        db = db.view(norm_shape) if need_db else None
+    return dx if need_dx else None, dw if need_dw else None, db if need_db else None, None, None
+
+
+layer_norm_forward.register_autograd(
+    _layer_norm_backward_autograd, setup_context=_layer_norm_setup_context
+)
+
+
+# --------------------------------------------------------------------------------------------
+# Public function.
+# --------------------------------------------------------------------------------------------
+def _check_normalized_shape(normalized_shape, x: torch.Tensor) -> tuple[int, ...]:
+    # Fast path (every training step calls this): one int, or a 1-tuple/list of an int, equal to
+    # the last dimension.
+    if type(normalized_shape) is int:
+        shape = (normalized_shape,)
+    elif type(normalized_shape) in (tuple, list, torch.Size) and len(normalized_shape) == 1 \
+            and type(normalized_shape[0]) is int:
+        shape = (normalized_shape[0],)
+    else:
+        shape = None
+    if shape is not None and x.dim() >= 1 and x.shape[-1] == shape[0]:
+        return shape
+    if isinstance(normalized_shape, numbers.Integral) and not isinstance(normalized_shape, bool):
+        shape = (int(normalized_shape),)
+    elif isinstance(normalized_shape, (tuple, list, torch.Size)) and all(
+        isinstance(d, numbers.Integral) and not isinstance(d, bool) for d in normalized_shape
+    ):
+        shape = tuple(int(d) for d in normalized_shape)
+    else:
+        raise TypeError(
+            f"normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}"
+        )
+    if not shape:
+        raise ValueError("normalized_shape must name at least one dimension, got ()")
+    if x.dim() < len(shape) or tuple(x.shape[x.dim() - len(shape) :]) != shape:
+        raise ValueError(
+            f"normalized_shape {list(shape)} must match the trailing dimensions of x, "
+            f"got x of shape {tuple(x.shape)}"
+        )
+    return shape
+
+
+def _check_param(t, name: str, shape: tuple[int, ...]) -> None:
+    if t is None:
+        return
+    runtime.check_tensor(t, name, dtypes=FLOAT_DTYPES_WITH_FP64)
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name} must have shape normalized_shape {shape}, got {tuple(t.shape)}")
+
+
+def layer_norm(
+    x: torch.Tensor,
+    normalized_shape,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+) -> torch.Tensor:
+    """``torch.nn.functional.layer_norm`` in Triton: fp16/bf16/fp32 inputs with fp32 statistics
+    (fp64 computes in fp64), optional ``weight``/``bias`` of any float dtype, differentiable with
+    a deterministic ``dweight``/``dbias``, and traceable by ``torch.compile``."""
+    runtime.check_tensor(x, "x", dtypes=FLOAT_DTYPES_WITH_FP64)
+    shape = _check_normalized_shape(normalized_shape, x)
+    _check_param(weight, "weight", shape)
+    _check_param(bias, "bias", shape)
+    runtime.check_same_device(x=x, weight=weight, bias=bias)
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+        raise TypeError(f"eps must be a float, got {type(eps).__name__}")
+    if not eps >= 0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
+    y, _, _ = layer_norm_forward(x, weight, bias, len(shape), float(eps))
+    return y
