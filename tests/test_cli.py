@@ -46,7 +46,7 @@ def test_check_solution_and_template(capsys):
 
 def test_check_unknown_exercise_is_a_clear_error(capsys):
     assert cli.main(["check", "9"]) == 2
-    assert "exercise must be one of [1, 2, 3, 4, 5], got 9" in capsys.readouterr().out
+    assert "exercise must be one of [1, 2, 3, 4, 5, 6, 7, 8], got 9" in capsys.readouterr().out
 
 
 def test_check_reports_a_syntax_error_in_the_learner_file(tmp_path, capsys):

@@ -1,4 +1,5 @@
-"""Command line: ``workshop check|tour|filter|bench|list|setup-check`` and ``setup-check``.
+"""Command line: ``workshop check|progress|profile|tour|filter|bench|list|setup-check`` and
+``setup-check``.
 
 Parses arguments, calls into teach/ or bench/, prints. No kernels live here.
 """
@@ -107,13 +108,55 @@ def setup_check_main() -> int:
 # workshop ...
 # ----------------------------------------------------------------------------------------------
 def _cmd_check(args) -> int:
-    from .teach import check_exercise
+    from .teach import EXERCISES, check_exercise
 
-    try:
-        return check_exercise(args.number, solution=args.solution, path=args.file, seed=args.seed)
-    except (FileNotFoundError, ValueError) as exc:
-        Console().print(f"❌ {exc}", markup=False)
+    console = Console()
+    if args.number not in EXERCISES:
+        console.print(f"❌ exercise must be one of {sorted(EXERCISES)}, got {args.number}: "
+                      "`workshop list` lists them", markup=False)
         return 2
+    if args.file is not None and not args.file.is_file():
+        console.print(f"❌ {args.file} does not exist: pass the path of your exercise file "
+                      f"(e.g. exercises/exercise_{args.number}.py)", markup=False)
+        return 2
+    try:
+        png = None if args.png is None else (
+            args.png if args.png != "" else Path("workshop-output") / f"check_{args.number}.png")
+        code = check_exercise(args.number, solution=args.solution, path=args.file, seed=args.seed,
+                              png=png, time_limit=args.time_limit)
+    except FileNotFoundError as exc:
+        console.print(f"❌ {exc} (a file you deleted comes back with git checkout -- "
+                      f"exercises/exercise_{args.number}.py)", markup=False)
+        return 2
+    except ValueError as exc:
+        console.print(f"❌ {exc}", markup=False)
+        return 2
+    if code == 0 and args.number == 7:  # the exercise's benchmark runs from its own file
+        from . import runtime
+
+        console.print("Timing needs a GPU (the interpreter's times say nothing about one)."
+                      if runtime.INTERPRET else "Time it against cuBLAS: python "
+                      f"{'solutions/solution_7.py' if args.solution else 'exercises/exercise_7.py'}",
+                      highlight=False)
+    if code == 0 and not args.solution:
+        from .teach.progress import next_step_after, print_next_step
+
+        print_next_step(next_step_after(args.number), console)
+    return code
+
+
+def _cmd_progress(args) -> int:
+    from .teach.progress import print_progress
+
+    print_progress(args.root)
+    return 0
+
+
+def _cmd_profile(args) -> int:
+    from .teach.profile import run_profile
+
+    return run_profile(args.target, args.size, args.dtype, out=args.out, solution=args.solution,
+                       run_once=args.run_once)
 
 
 def _cmd_list(args) -> int:
@@ -150,14 +193,35 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("check", help="check an exercise (or its solution) and explain what is wrong")
-    p.add_argument("number", type=int, help="exercise number (1-5)")
+    p.add_argument("number", type=int, help="exercise number (1-8)")
     p.add_argument("--solution", action="store_true", help="check solutions/solution_N.py instead")
     p.add_argument("--file", type=Path, help="check this file instead")
     p.add_argument("--seed", type=int, help="random seed for the inputs (default: fresh)")
+    p.add_argument("--png", nargs="?", const="", default=None, metavar="PATH",
+                   help="also draw the failing cases' output pictures into a PNG "
+                        "(default path: workshop-output/check_N.png)")
+    p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                   help="seconds one case may run before it counts as hanging (default: 60)")
     p.set_defaults(func=_cmd_check)
 
     p = sub.add_parser("list", help="list the exercises")
     p.set_defaults(func=_cmd_list)
+
+    p = sub.add_parser("progress", help="your exercises: passed, failing, not started; the next step")
+    p.add_argument("--root", type=Path, help="the folder holding your exercises/ (default: here)")
+    p.set_defaults(func=_cmd_progress)
+
+    p = sub.add_parser("profile", help="(GPU) registers, occupancy, roofline, trace and ncu "
+                                       "command of an op or an exercise's kernel")
+    p.add_argument("target", help="an op (matmul, layer_norm, softmax, attention, ...) or an "
+                                  "exercise number")
+    p.add_argument("--size", help="comma-separated, e.g. 4096,4096,4096 for matmul (M,N,K)")
+    p.add_argument("--dtype", help="float16, bfloat16 or float32 (default: the op's usual)")
+    p.add_argument("--solution", action="store_true", help="profile solutions/solution_N.py")
+    p.add_argument("--out", type=Path, help="folder for the trace and the roofline PNG")
+    p.add_argument("--run-once", action="store_true",
+                   help="compile, then run one call between cudaProfilerStart/Stop (for ncu)")
+    p.set_defaults(func=_cmd_profile)
 
     p = sub.add_parser("tour", help="run every solution, check the library, filter an image")
     p.add_argument("-o", "--out", default="workshop-output", help="folder for the images")

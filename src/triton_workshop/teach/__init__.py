@@ -1,26 +1,35 @@
 """The workshop machinery: find an exercise file, run its launchers on fresh inputs, report.
 
 ``check_exercise(n, module)`` is what ``workshop check n``, the ``exercise_n`` scripts and
-``python exercises/exercise_n.py`` all end in.
+``python exercises/exercise_n.py`` all end in. It checks the learner's file in a child process
+(:mod:`.sandbox`): each case's verdict prints as soon as it is known, and a case that kills the
+interpreter or hangs is reported and the others still run. ``check_module`` runs the same checks
+in this process and returns them (the tests and the tour use it).
 """
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
+import os
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Iterator
 
 import torch
 from rich.console import Console
+from rich.text import Text
 
 from .. import runtime
-from .checker import CaseResult, Verdict, run_case, tolerance_for, unfinished_todos
+from .checker import (CASE_TIME_LIMIT, CaseResult, Tolerance, Verdict, run_case, tolerance_for,
+                      unfinished_todos)
 from .exercises import EXERCISES, Exercise
 
-__all__ = ["EXERCISES", "check_exercise", "exercise_path", "load_module", "run_exercise"]
+__all__ = ["EXERCISES", "check_exercise", "check_module", "exercise_path", "iter_check", "load_module",
+           "run_exercise"]
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -54,6 +63,13 @@ def load_module(path: str | Path, name: str | None = None) -> ModuleType:
     return module
 
 
+def case_tolerance(case) -> Tolerance:
+    """The case's own tolerance when it has one (derived from how the reference is computed),
+    else the dtype's."""
+    tol = getattr(case, "tolerance", None)
+    return Tolerance(*tol) if tol else tolerance_for(case.reference.dtype)
+
+
 @dataclass
 class TaskReport:
     function: str
@@ -64,40 +80,101 @@ class TaskReport:
         return all(c.verdict.passed for c in self.cases)
 
 
-def check_module(exercise: Exercise, module: ModuleType, *, seed: int | None = None,
-                 learner_file: str | None = None) -> list[TaskReport]:
+def missing_function_verdict(module: ModuleType, name: str) -> Verdict:
+    """One sentence and the fix, for a launcher the file does not define (or not as a function)."""
+    found = getattr(module, name, None)
+    if found is not None and not callable(found):
+        return Verdict(False, f"{name} in the file is a {type(found).__name__}, not a function",
+                       [f"the checker calls {name}(...): define it with def {name}(...)"])
+    names = [n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
+             and getattr(v, "__module__", None) == module.__name__]
+    close = [n for n in names if name in n or n in name] + difflib.get_close_matches(name, names, n=1,
+                                                                                     cutoff=0.5)
+    hint = f" (the file has {close[0]!r}: renamed?)" if close else ""
+    return Verdict(False, f"no function named {name!r} in the file{hint}",
+                   [f"the checker calls {name}(...): keep the template's name"])
+
+
+def iter_check(exercise: Exercise, module: ModuleType, *, seed: int | None = None,
+               learner_file: str | None = None, skip: dict | None = None,
+               memcheck: bool | None = None, time_limit: float | None = None
+               ) -> Iterator[tuple[str, str, str, str, CaseResult | None]]:
+    """Check each case in turn, yielding ``(event, case id, function, label, result)``: a
+    "start" before a case runs (result None) and a "result" after. ``skip`` maps the ids of cases
+    done elsewhere (an earlier process that crashed) to whether they passed: they are not run
+    again, but count for the rest (the non-contiguous case runs only when all others passed)."""
+    threads = torch.get_num_threads()
+    # The cases' tensors are small: torch's intra-op pool costs more than it gains here (several
+    # times more on a busy machine).
+    torch.set_num_threads(1)
+    try:
+        yield from _iter_check(exercise, module, seed, learner_file, skip, memcheck, time_limit)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _iter_check(exercise, module, seed, learner_file, skip, memcheck, time_limit):
     gen = torch.Generator().manual_seed(seed if seed is not None else int(time.time_ns() % 2**31))
     learner_file = learner_file or getattr(module, "__file__", None)
     todos = unfinished_todos(learner_file) if learner_file else []
-    reports = []
-    for task in exercise.tasks:
+    skip = skip or {}
+    for t, task in enumerate(exercise.tasks):
         launcher = getattr(module, task.function, None)
-        if launcher is None:
-            verdict = Verdict(False, f"no function named {task.function!r} in the file",
-                              [f"the checker calls {task.function}(...): keep that name"])
-            reports.append(TaskReport(task.function, [CaseResult("-", verdict, 0.0)]))
+        cases = task.make_cases(gen, runtime.DEVICE)  # drawn even when skipped: same inputs after
+        if not callable(launcher):
+            cid = f"{t}:-"
+            if cid not in skip:
+                yield "result", cid, task.function, "-", CaseResult(
+                    "-", missing_function_verdict(module, task.function), 0.0)
             continue
         block = [int(getattr(module, attr, default))
                  for attr, default in zip(task.block_attrs, task.default_block)]
-        results = []
-        cases = task.make_cases(gen, runtime.DEVICE)
-        first_case = cases[0]
-        for case in cases:
+        constants = {name: getattr(module, name) for name in getattr(task, "constants", ())
+                     if hasattr(module, name)}
+        passed = []
+        stop = False
+        for c, case in enumerate(cases):
+            cid = f"{t}:{c}"
+            if cid in skip:
+                passed.append(bool(skip[cid]))
+                continue
+            yield "start", cid, task.function, case.label, None
             start = time.perf_counter()
+            case.block = tuple(block)
+            case.constants = dict(constants)
             verdict = run_case(launcher, case.inputs, case.reference, block=block,
-                               tol=tolerance_for(case.reference.dtype), kwargs=case.kwargs,
+                               tol=case_tolerance(case), kwargs=case.kwargs,
                                program_axes=task.program_axes, learner_file=learner_file,
-                               matmul_operands=task.matmul_operands)
-            results.append(CaseResult(case.label, verdict, time.perf_counter() - start))
-            if not verdict.passed and verdict.headline.startswith("not implemented"):
-                break  # one "start at TODO n" is enough
-            if not verdict.passed and todos:
+                               matmul_operands=task.matmul_operands, suspects=task.suspects,
+                               case=case, leading_axis=task.leading_axis, memcheck=memcheck,
+                               time_limit_s=time_limit)
+            if not verdict.passed and todos and not verdict.headline.startswith("not implemented"):
                 number, lineno, text = todos[0]
                 verdict.details.insert(0, f"TODO {number} (line {lineno}) is still open: {text}")
-        if results and all(r.verdict.passed for r in results):
-            results.append(_strided_case(launcher, task, first_case))
-        reports.append(TaskReport(task.function, results))
-    return reports
+            passed.append(verdict.passed)
+            yield "result", cid, task.function, case.label, CaseResult(
+                case.label, verdict, time.perf_counter() - start)
+            if not verdict.passed and verdict.headline.startswith("not implemented"):
+                stop = True  # one "start at TODO n" is enough
+                break
+        cid = f"{t}:strided"
+        if not stop and passed and all(passed) and cid not in skip:
+            yield "start", cid, task.function, f"{cases[0].label}, non-contiguous inputs", None
+            result = _strided_case(launcher, task, cases[0])
+            yield "result", cid, task.function, result.label, result
+
+
+def check_module(exercise: Exercise, module: ModuleType, *, seed: int | None = None,
+                 learner_file: str | None = None) -> list[TaskReport]:
+    """Every case of the exercise, run in this process; one report per task."""
+    reports: dict[str, TaskReport] = {}
+    for task in exercise.tasks:
+        reports.setdefault(task.function, TaskReport(task.function, []))
+    for event, _, function, _, result in iter_check(exercise, module, seed=seed,
+                                                     learner_file=learner_file):
+        if event == "result":
+            reports[function].cases.append(result)
+    return list(reports.values())
 
 
 def _strided(t):
@@ -125,10 +202,10 @@ def _strided_case(launcher, task, case) -> CaseResult:
                           [str(exc).splitlines()[0][:200] if str(exc) else "",
                            "handle strides, or refuse with check_tensors_gpu_ready(...)"])
     else:
+        tol = case_tolerance(case)
         ok = isinstance(out, torch.Tensor) and out.shape == case.reference.shape and bool(
             torch.allclose(out.detach().cpu().double(), case.reference.cpu().double(),
-                           rtol=tolerance_for(case.reference.dtype).rtol,
-                           atol=tolerance_for(case.reference.dtype).atol))
+                           rtol=tol.rtol, atol=tol.atol))
         verdict = Verdict(True, "correct") if ok else Verdict(
             False, "wrong values for non-contiguous inputs",
             ["the kernel assumes contiguous memory: pass the strides to the kernel, or refuse "
@@ -136,53 +213,121 @@ def _strided_case(launcher, task, case) -> CaseResult:
     return CaseResult(label, verdict, time.perf_counter() - start)
 
 
-def print_report(exercise: Exercise, reports: list[TaskReport], console: Console,
-                 source: str = "") -> bool:
-    ok = all(r.passed for r in reports)
-    console.print(f"[bold]Exercise {exercise.number}: {exercise.title}[/bold]  "
-                  f"[dim]{source} · {runtime.mode_description()}[/dim]")
-    for report in reports:
-        for case in report.cases:
-            mark = "✅" if case.verdict.passed else "❌"
-            console.print(f"  {mark} {report.function}({case.label}): {case.verdict.headline}"
-                          f" [dim]{case.seconds:.2f}s[/dim]", highlight=False)
-            for line in case.verdict.details:
-                console.print(f"      • {line}", highlight=False, markup=False)
+# --------------------------------------------------------------------------------------------
+# Printing.
+# --------------------------------------------------------------------------------------------
+def print_header(exercise: Exercise, console: Console, source: str = "") -> None:
+    line = Text()
+    line.append(f"Exercise {exercise.number}: {exercise.title}", style="bold")
+    line.append(f"  {source} · {runtime.mode_description()}", style="dim")
+    console.print(line)
+
+
+def print_case(function: str, case: CaseResult, console: Console, *, picture: bool = False) -> None:
+    """One case: the verdict line, its details, and (``picture``) the grid picture. Learner
+    text never goes through rich markup (``add_kernel[grid](...)`` stays as written)."""
+    line = Text(f"  {'✅' if case.verdict.passed else '❌'} {function}({case.label}): "
+                f"{case.verdict.headline}")
+    line.append(f" {case.seconds:.2f}s", style="dim")
+    console.print(line, highlight=False)
+    for detail in case.verdict.details:
+        console.print(f"      • {detail}", highlight=False, markup=False)
+    if picture and case.verdict.picture:
+        from .picture import render
+
+        try:
+            console.print(render(case.verdict.picture), highlight=False)
+        except Exception:  # a picture that cannot be drawn must not hide the verdict
+            pass
+
+
+def print_summary(exercise: Exercise, ok: bool, console: Console) -> None:
     if ok:
-        console.print(f"[green]All checks passed.[/green] Next: exercise {exercise.number + 1}"
-                      if exercise.number + 1 in EXERCISES else "[green]All checks passed.[/green]")
+        nxt = exercise.number + 1
+        console.print(f"[green]All checks passed.[/green] Next: exercise {nxt}" if nxt in EXERCISES
+                      else "[green]All checks passed.[/green]")
     else:
         console.print("[red]Not there yet[/red]: fix the first ❌ above and run again.")
+
+
+def print_report(exercise: Exercise, reports: list[TaskReport], console: Console,
+                 source: str = "", pictures: bool = True) -> bool:
+    ok = all(r.passed for r in reports)
+    print_header(exercise, console, source)
+    for report in reports:
+        drawn = False
+        for case in report.cases:
+            draw = pictures and not drawn and not case.verdict.passed and bool(case.verdict.picture)
+            print_case(report.function, case, console, picture=draw)
+            drawn = drawn or draw
+    print_summary(exercise, ok, console)
     return ok
 
 
 def check_exercise(number: int, module: ModuleType | None = None, *, solution: bool = False,
                    path: str | Path | None = None, seed: int | None = None,
-                   console: Console | None = None) -> int:
-    """Check exercise ``number``; returns an exit code (0 when every case passes)."""
+                   console: Console | None = None, png: str | Path | None = None,
+                   isolate: bool | None = None, time_limit: float | None = None,
+                   rerun_in_interpreter: bool | None = None) -> int:
+    """Check exercise ``number``; returns an exit code (0 when every case passes).
+
+    The learner's file runs in a child process (``isolate``, the default whenever there is a
+    file): verdicts print as each case finishes, and a crash or a hang of one case is reported
+    without losing the others. On a GPU the cases run there, and again in Triton's interpreter
+    (``rerun_in_interpreter``) where every load and store is bounds-checked. ``png``: also draw
+    the picture of each failing task into that file.
+    """
     if number not in EXERCISES:
         raise ValueError(f"exercise must be one of {sorted(EXERCISES)}, got {number}")
     exercise = EXERCISES[number]
     console = console or Console()
-    if module is None:
+    if module is not None:
+        path = path or getattr(module, "__file__", None)
+    else:
         path = Path(path) if path else exercise_path(number, solution)
-        try:
-            module = load_module(path)
-        except Exception as exc:  # a syntax error or a bad import in the learner's file
-            console.print(f"❌ could not import {path}: {type(exc).__name__}: {exc}",
-                          markup=False, highlight=False)
-            todos = unfinished_todos(path)
-            if todos:
-                console.print(f"   start at TODO {todos[0][0]} (line {todos[0][1]})",
-                              markup=False)
-            return 1
-    source = str(path or getattr(module, "__file__", ""))
+    source = str(path or "")
     try:
         source = str(Path(source).resolve().relative_to(Path.cwd()))
     except ValueError:
         pass
-    reports = check_module(exercise, module, seed=seed)
-    return 0 if print_report(exercise, reports, console, source) else 1
+    limit = CASE_TIME_LIMIT if time_limit is None else time_limit
+    if isolate is None:  # the child protocol needs POSIX pipes (pass_fds, select)
+        isolate = path is not None and Path(path).is_file() and os.name == "posix"
+    if isolate:
+        from .sandbox import check_isolated
+
+        return check_isolated(exercise, Path(path), seed=seed, console=console, source=source,
+                              png=png, time_limit=limit, rerun_in_interpreter=rerun_in_interpreter)
+    if module is None:
+        from .sandbox import import_failure
+
+        try:
+            module = load_module(path)
+        except BaseException as exc:  # a syntax error or a bad import in the learner's file
+            verdict = import_failure(exc, Path(path))
+            console.print(f"❌ {verdict.headline}", markup=False, highlight=False)
+            for line in verdict.details:
+                console.print(f"   {line}", markup=False, highlight=False)
+            return 1
+    print_header(exercise, console, source)
+    ok = True
+    drawn: set[str] = set()
+    pictures = []
+    for event, _, function, _, result in iter_check(exercise, module, seed=seed, time_limit=limit):
+        if event != "result":
+            continue
+        ok = ok and result.verdict.passed
+        draw = not result.verdict.passed and result.verdict.picture and function not in drawn
+        if draw:
+            drawn.add(function)
+            pictures.append((f"{function}({result.label})", result.verdict.picture))
+        print_case(function, result, console, picture=bool(draw))
+    if png and pictures:
+        from .picture import save_png
+
+        console.print(f"picture: {save_png(pictures, png)}", markup=False, highlight=False)
+    print_summary(exercise, ok, console)
+    return 0 if ok else 1
 
 
 def run_exercise(module_or_name) -> int:

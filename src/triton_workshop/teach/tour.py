@@ -21,7 +21,8 @@ from .. import runtime
 from . import EXERCISES, check_module, exercise_path, load_module
 from .filter_image import SIGNED_FILTERS
 from .images import load_image, sample_image, save_image
-
+from .progress import next_step, print_next_step
+from .progress import progress as learner_progress
 
 
 @dataclass
@@ -76,6 +77,10 @@ def _library_checks() -> list[tuple[str, Callable[[], tuple[bool, str]]]]:
         "layer_norm": lambda: compare("ln", tw.layer_norm(x := rand(9, 257), (257,)),
                                       F.layer_norm(x.double(), (257,)), tol=1e-4),
         "matmul": lambda: compare("mm", tw.matmul(a := rand(65, 70), b := rand(70, 33)), a.double() @ b.double()),
+        "attention": lambda: compare("attn", tw.attention(q := rand(1, 2, 40, 16), k := rand(1, 2, 40, 16),
+                                                          v := rand(1, 2, 40, 16)),
+                                     torch.softmax(q.double() @ k.double().transpose(-1, -2) / 4.0, -1) @ v.double(),
+                                     tol=1e-4),
     }
     for name, fn in optional.items():
         if hasattr(tw, name):
@@ -141,6 +146,8 @@ def run_tour(out_dir: str | Path = "workshop-output", image: str | Path | None =
     ok = all(r.passed for r in rows)
     console.print("[green]Tour complete: everything passed.[/green]" if ok
                   else "[red]Tour finished with failures (see ❌ above).[/red]")
+    # Where the learner stands in their own exercise files (``workshop progress`` shows all).
+    print_next_step(next_step(learner_progress()), console)
     return 0 if ok else 1
 
 

@@ -1,0 +1,390 @@
+"""Crash-proof checks: the learner's file runs in a child process.
+
+A learner's kernel can take the whole interpreter down (a segfault, glibc's "corrupted
+double-linked list" abort) or loop forever. So ``workshop check`` does not import the file
+itself: a child process (``python -m triton_workshop.teach.sandbox``) imports it and checks one
+case after another, writing one JSON line per event to a pipe. This process prints each verdict
+the moment it arrives; if the child dies, or a case runs past its time limit, the case is
+reported with the likely cause and a fresh child carries on with the cases left.
+
+On a GPU machine the cases run on the GPU, where nothing checks the bounds of a load or store.
+A second child runs the same cases (same seed, same inputs) in Triton's interpreter
+(``TRITON_INTERPRET=1``), bounds-checked; its out-of-bounds findings join each case's verdict.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from .checker import CaseResult, Verdict, hang_verdict
+
+STARTUP_LIMIT = 120.0  # seconds for a child to import torch, Triton and the learner's file
+CUDA_BROKEN = ("CUDA error", "illegal memory access", "device-side assert", "unspecified launch failure")
+
+
+# --------------------------------------------------------------------------------------------
+# Bad input: one sentence and the fix.
+# --------------------------------------------------------------------------------------------
+def import_failure(exc: BaseException, path: Path) -> Verdict:
+    """Why the learner's file could not be imported, in one sentence, and what to do."""
+    import traceback
+
+    name = path.name
+    if isinstance(exc, SyntaxError):
+        what = "indented wrongly" if isinstance(exc, IndentationError) else "not valid Python"
+        text = (exc.text or "").strip()
+        return Verdict(False, f"could not import {name}: line {exc.lineno} is {what} ({exc.msg})"
+                       + (f": {text}" if text else ""),
+                       ["fix that line (a missing bracket, colon or quote, or a stray indent, is the "
+                        "usual cause; the mistake may sit at the end of the line above), then run again"])
+    if isinstance(exc, FileNotFoundError) and not path.exists():
+        return Verdict(False, f"{path} does not exist", ["check the path, or run from your clone of "
+                                                         "triton-workshop"])
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename).name == name]
+    where = f"line {frames[-1].lineno} " if frames else ""
+    head = f"could not import {name}: {where}"
+    if isinstance(exc, ModuleNotFoundError):
+        return Verdict(False, f"{head}imports {exc.name!r}, which is not installed",
+                       [f"install it (pip install {exc.name}) or remove that import"])
+    if isinstance(exc, ImportError):
+        return Verdict(False, f"{head}has an import that fails: {exc}",
+                       ["check the name imported (a typo?) and where it comes from"])
+    if isinstance(exc, NameError):
+        return Verdict(False, f"{head}uses {getattr(exc, 'name', None) or str(exc)!r} before "
+                       "it is defined", ["define or import it above that line (or fix the typo)"])
+    message = str(exc).strip().splitlines()
+    return Verdict(False, f"{head}raised {type(exc).__name__} while being imported"
+                   + (f": {message[-1][:200]}" if message else ""),
+                   ["the file runs top to bottom when it is imported: code outside the functions "
+                    "must not fail (keep tests under if __name__ == \"__main__\":)"])
+
+
+def import_hang(path: Path, seconds: float) -> Verdict:
+    return Verdict(False, f"could not import {path.name}: importing it did not finish within {seconds:g} s",
+                   ["code at the top level of the file loops or waits: keep it inside the functions "
+                    "(or under if __name__ == \"__main__\":)"])
+
+
+def _crash_verdict(returncode: int | None, stderr_tail: str, label: str) -> Verdict:
+    sig = -returncode if returncode is not None and returncode < 0 else None
+    name = signal.Signals(sig).name if sig and sig in signal.Signals._value2member_map_ else (
+        f"exit code {returncode}" if returncode is not None else "killed")
+    text = stderr_tail.lower()
+    if "corrupted" in text or "double free" in text or "malloc" in text or "free():" in text:
+        cause = ("memory outside the tensors was written (the heap is corrupted): a store without a "
+                 "mask, or a grid larger than the data")
+    elif sig == signal.SIGSEGV:
+        cause = ("a load or store far outside every tensor: a wrong stride or offset, or a grid "
+                 "much larger than the data")
+    elif sig == signal.SIGKILL:
+        cause = "it ran out of memory: a huge grid or allocation (check the sizes the launcher computes)"
+    elif sig == signal.SIGFPE:
+        cause = "an integer division by zero"
+    elif sig == signal.SIGABRT:
+        cause = "an abort inside native code: often memory corrupted by an out-of-bounds store"
+    else:
+        cause = "native code failed"
+    details = [f"likely cause: {cause}"]
+    last = [ln.strip() for ln in stderr_tail.strip().splitlines() if ln.strip()]
+    if last:
+        details.append(f"its last words: {last[-1][:200]}")
+    details.append("the other cases still ran: see below")
+    return Verdict(False, f"the process checking this case died ({name})", details)
+
+
+# --------------------------------------------------------------------------------------------
+# The child.
+# --------------------------------------------------------------------------------------------
+def child_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m triton_workshop.teach.sandbox")
+    parser.add_argument("--exercise", type=int, required=True)
+    parser.add_argument("--file", required=True)
+    parser.add_argument("--seed", type=int, required=True)
+    parser.add_argument("--fd", type=int, required=True)
+    parser.add_argument("--skip", default="{}")
+    parser.add_argument("--memcheck", choices=("auto", "on", "off"), default="auto")
+    parser.add_argument("--time-limit", type=float, default=None)
+    args = parser.parse_args(argv)
+    pipe = os.fdopen(args.fd, "w", buffering=1)
+
+    def emit(**event):
+        sys.stdout.flush()
+        pipe.write(json.dumps(event) + "\n")
+        pipe.flush()
+
+    import torch
+
+    # The child's tensors are small and the machine may be shared: one thread avoids the
+    # intra-op pool's spinning, which costs more than it gains here.
+    torch.set_num_threads(1)
+    from . import EXERCISES, load_module
+
+    from .checker import CaseTimeout, time_limit
+
+    path = Path(args.file)
+    limit = args.time_limit or STARTUP_LIMIT
+    try:
+        with time_limit(limit):
+            module = load_module(path)
+    except CaseTimeout:
+        emit(event="import_error", verdict=import_hang(path, limit).to_dict())
+        return 0
+    except BaseException as exc:  # noqa: BLE001  (any failure to import is the learner's to fix)
+        emit(event="import_error", verdict=import_failure(exc, path).to_dict())
+        return 0
+    from . import iter_check
+
+    memcheck = {"auto": None, "on": True, "off": False}[args.memcheck]
+    for event, cid, function, label, result in iter_check(
+            EXERCISES[args.exercise], module, seed=args.seed, learner_file=str(path),
+            skip=json.loads(args.skip), memcheck=memcheck, time_limit=args.time_limit):
+        if event == "start":
+            emit(event="start", id=cid, function=function, label=label)
+            continue
+        emit(event="result", id=cid, function=function, label=label, seconds=result.seconds,
+             verdict=result.verdict.to_dict())
+        text = " ".join([result.verdict.headline, *result.verdict.details])
+        if any(marker in text for marker in CUDA_BROKEN):
+            emit(event="restart", reason="the CUDA context is broken after this error")
+            return 3  # a fresh process gets a fresh CUDA context for the cases left
+    emit(event="done")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# The parent: one child at a time per role, restarted after a crash.
+# --------------------------------------------------------------------------------------------
+class ChildRun(threading.Thread):
+    """Runs the cases of one exercise in child processes, restarting after a crash or a hang,
+    and puts ``(role, event dict)`` on ``events``; ``(role, {"event": "finished"})`` last."""
+
+    def __init__(self, role: str, number: int, path: Path, seed: int, events: queue.Queue, *,
+                 env: dict, memcheck: str, time_limit: float):
+        super().__init__(daemon=True)
+        self.role, self.number, self.path, self.seed = role, number, path, seed
+        self.events, self.env, self.memcheck, self.time_limit = events, env, memcheck, time_limit
+        self.done: dict[str, bool] = {}
+        self.proc: subprocess.Popen | None = None
+
+    def put(self, **event):
+        self.events.put((self.role, event))
+
+    def run(self):
+        try:
+            while not self._one_child():
+                pass
+        finally:
+            self.put(event="finished")
+
+    def _one_child(self) -> bool:
+        """Run one child to its end; True when nothing is left to do."""
+        read_fd, write_fd = os.pipe()
+        stderr = tempfile.TemporaryFile()
+        cmd = [sys.executable, "-m", "triton_workshop.teach.sandbox", "--exercise", str(self.number),
+               "--file", str(self.path), "--seed", str(self.seed), "--fd", str(write_fd),
+               "--skip", json.dumps(self.done), "--memcheck", self.memcheck,
+               "--time-limit", str(self.time_limit)]
+        try:
+            self.proc = subprocess.Popen(cmd, env=self.env, pass_fds=(write_fd,), stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.PIPE, stderr=stderr)
+        finally:
+            os.close(write_fd)
+        relay = threading.Thread(target=_relay, args=(self.proc.stdout,), daemon=True)
+        relay.start()
+        current, started, finished, buffer = None, time.monotonic(), False, b""
+        try:
+            while True:
+                limit = (self.time_limit + 5.0) if current else STARTUP_LIMIT
+                wait = max(0.0, started + limit - time.monotonic())
+                ready, _, _ = select.select([read_fd], [], [], wait)
+                if not ready:  # past the limit: a hang (the child's own alarm did not fire)
+                    self._kill()
+                    if current is None:
+                        self.put(event="import_error", verdict=import_hang(self.path, limit).to_dict())
+                        return True
+                    self._result(current, hang_verdict(self.time_limit))
+                    return False
+                chunk = os.read(read_fd, 1 << 16)
+                if not chunk:
+                    break
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    event = json.loads(line)
+                    kind = event["event"]
+                    if kind == "start":
+                        current, started = event, time.monotonic()
+                        self.put(**event)
+                    elif kind == "result":
+                        self.done[event["id"]] = bool(event["verdict"]["passed"])
+                        current, started = None, time.monotonic()
+                        self.put(**event)
+                    elif kind == "import_error":
+                        self.put(**event)
+                        finished = True
+                    elif kind == "done":
+                        finished = True
+            self.proc.wait()
+            relay.join(timeout=5)
+            if finished:
+                return True
+            if current is None:  # exited between cases (a restart after a CUDA error)
+                return False
+            stderr.seek(0)
+            tail = stderr.read()[-4000:].decode(errors="replace")
+            self._result(current, _crash_verdict(self.proc.returncode, tail, current["label"]))
+            return False
+        finally:
+            os.close(read_fd)
+            stderr.close()
+            self._kill()
+
+    def _result(self, start_event: dict, verdict: Verdict) -> None:
+        self.done[start_event["id"]] = False
+        self.put(event="result", id=start_event["id"], function=start_event["function"],
+                 label=start_event["label"], seconds=0.0, verdict=verdict.to_dict())
+
+    def _kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _relay(stream) -> None:
+    """The child's own output (a learner's print_if) goes to ours."""
+    for line in iter(stream.readline, b""):
+        sys.stdout.write(line.decode(errors="replace"))
+        sys.stdout.flush()
+
+
+def _child_env(interpret: bool) -> dict:
+    env = dict(os.environ, TRITON_WORKSHOP_QUIET="1", PYTHONUNBUFFERED="1")
+    src = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    if interpret:
+        env["TRITON_INTERPRET"] = "1"
+    return env
+
+
+WRITE_MAP_FINDINGS = ("the grid launches", "stores landed", "programs stored outside",
+                      "the kernel never stored", "element(s) were stored more than once")
+SUSPECT_FINDINGS = ("this looks like", "the wrong elements are what")
+CATCH_ALL = "the wrong elements were never written: check the grid"
+
+
+def merge(native: Verdict, checked: Verdict | None) -> Verdict:
+    """A GPU verdict with the interpreter rerun's findings added: its out-of-bounds accesses
+    (which fail the case), and what only its write map can tell (who stored where)."""
+    if checked is None:
+        return native
+    if not native.passed and not checked.passed:
+        have_suspect = any(d.startswith(SUSPECT_FINDINGS) for d in native.details)
+        extra = [d for d in checked.details if d not in native.details and not d.startswith("first wrong")
+                 and (d.startswith(WRITE_MAP_FINDINGS) or (not have_suspect and d.startswith(SUSPECT_FINDINGS)))]
+        if extra:
+            native.details = extra + [d for d in native.details if not d.startswith(CATCH_ALL)]
+    if not checked.memory:
+        if checked.headline.startswith("the process checking") or checked.headline.startswith("did not finish"):
+            native.details.append(f"(the bounds-checked rerun in the interpreter: {checked.headline})")
+        return native
+    extra = [m for m in checked.memory if m not in native.details]
+    if native.passed:
+        return Verdict(False, checked.headline if checked.headline.startswith("the values are right")
+                       else "out-of-bounds loads or stores (found by the bounds-checked rerun in "
+                            "the interpreter)", extra + [d for d in checked.details if d not in extra],
+                       list(checked.memory), checked.picture)
+    native.passed = False
+    native.details = extra + native.details
+    native.memory = list(checked.memory)
+    native.picture = native.picture or checked.picture
+    return native
+
+
+def check_isolated(exercise, path: Path, *, seed: int | None, console, source: str, png=None,
+                   time_limit: float, rerun_in_interpreter: bool | None = None) -> int:
+    """Check ``path`` in child processes, printing as verdicts arrive; returns the exit code."""
+    from .. import runtime
+    from . import print_case, print_header, print_summary
+
+    if seed is None:
+        seed = int(time.time_ns() % 2**31)
+    if rerun_in_interpreter is None:
+        rerun_in_interpreter = not runtime.INTERPRET
+    events: queue.Queue = queue.Queue()
+    runs = {"main": ChildRun("main", exercise.number, path, seed, events, env=_child_env(False),
+                             memcheck="off" if rerun_in_interpreter else "auto", time_limit=time_limit)}
+    if rerun_in_interpreter:
+        runs["memcheck"] = ChildRun("memcheck", exercise.number, path, seed, events,
+                                    env=_child_env(True), memcheck="on", time_limit=time_limit)
+    print_header(exercise, console, source)
+    for run in runs.values():
+        run.start()
+    pending: dict[str, dict] = {}  # main results waiting for their rerun
+    checked: dict[str, Verdict] = {}
+    memcheck_over = "memcheck" not in runs
+    live = set(runs)
+    ok, failed_import = True, False
+    drawn: set[str] = set()
+    pictures = []
+
+    def show(event: dict, extra: Verdict | None) -> None:
+        nonlocal ok
+        verdict = merge(Verdict.from_dict(event["verdict"]), extra)
+        ok = ok and verdict.passed
+        draw = not verdict.passed and bool(verdict.picture) and event["function"] not in drawn
+        if draw:
+            drawn.add(event["function"])
+            pictures.append((f"{event['function']}({event['label']})", verdict.picture))
+        print_case(event["function"], CaseResult(event["label"], verdict, float(event["seconds"])),
+                   console, picture=draw)
+
+    while live:
+        role, event = events.get()
+        kind = event["event"]
+        if kind == "finished":
+            live.discard(role)
+            if role == "memcheck":
+                memcheck_over = True
+        elif kind == "import_error":
+            if role == "main" and not failed_import:
+                failed_import = True
+                verdict = Verdict.from_dict(event["verdict"])
+                console.print(f"❌ {verdict.headline}", markup=False, highlight=False)
+                for line in verdict.details:
+                    console.print(f"   {line}", markup=False, highlight=False)
+                for other in runs.values():
+                    other._kill()
+        elif kind == "result" and role == "memcheck":
+            checked[event["id"]] = Verdict.from_dict(event["verdict"])
+        elif kind == "result":
+            pending[event["id"]] = event
+        # Print, in order, the main results whose rerun is in (or over).
+        for cid in list(pending):
+            if not (memcheck_over or cid in checked):
+                break
+            show(pending.pop(cid), checked.get(cid))
+    for cid in list(pending):
+        show(pending.pop(cid), checked.get(cid))
+    if failed_import:
+        return 1
+    if png and pictures:
+        from .picture import save_png
+
+        console.print(f"picture: {save_png(pictures, png)}", markup=False, highlight=False)
+    print_summary(exercise, ok, console)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(child_main())
