@@ -436,3 +436,19 @@ def test_launches_on_the_tensors_own_device():
     assert torch.cuda.current_device() == 0  # the guard restores the current device
     check(out, x.double() + y.double(), torch.float32, (10_000,))
     check(out2, torch.sqrt(a.double() * b.double() + c.double()), torch.float32, (10_000,))
+
+
+def test_plans_are_per_dtype():
+    """A plan's prepared launches are compiled for one dtype: fp32 and fp16 calls of the same
+    size must not share a plan (on the GPU an fp32 launch reused for fp16 tensors computed
+    garbage: found by the GPU run)."""
+    from triton_workshop.ops import elementwise as ew
+
+    n = 1000
+    plans = {dtype: ew._plan(ew.add_kernel, n, dtype, ew.TUNING)
+             for dtype in (torch.float32, torch.float16, torch.bfloat16)}
+    assert len({id(p) for p in plans.values()}) == 3
+    for dtype in plans:
+        x = torch.randn(n, device=DEVICE).to(dtype)
+        y = torch.randn(n, device=DEVICE).to(dtype)
+        torch.testing.assert_close(tw.add(x, y), x + y)

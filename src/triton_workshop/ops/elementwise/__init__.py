@@ -32,8 +32,10 @@ TUNING = ElementwiseTuning()
 
 
 @plan_cache()
-def _plan(kernel, n_elements: int, tuning: ElementwiseTuning) -> LaunchPlan:
-    """A 1-D launch over ``n_elements``: ``block_size`` consecutive elements a program."""
+def _plan(kernel, n_elements: int, dtype: torch.dtype, tuning: ElementwiseTuning) -> LaunchPlan:
+    """A 1-D launch over ``n_elements``: ``block_size`` consecutive elements a program. The
+    dtype is in the key although no argument depends on it: the plan's prepared launches are
+    compiled for one dtype."""
     return LaunchPlan(kernel, (runtime.cdiv(n_elements, tuning.block_size),), (n_elements,),
                       dict(BLOCK_SIZE=tuning.block_size, num_warps=tuning.num_warps))
 
@@ -73,7 +75,7 @@ def _add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     if n == 0:
         return out
     with runtime.device_guard(x):
-        _plan(add_kernel, n, TUNING).launch(x, y, out)
+        _plan(add_kernel, n, out.dtype, TUNING).launch(x, y, out)
     return out
 
 
@@ -84,7 +86,7 @@ def _fused_mul_add_sqrt(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> to
     if n == 0:
         return out
     with runtime.device_guard(a):
-        _plan(mul_add_sqrt_kernel, n, TUNING).launch(a, b, c, out)
+        _plan(mul_add_sqrt_kernel, n, out.dtype, TUNING).launch(a, b, c, out)
     return out
 
 
