@@ -37,13 +37,6 @@ from triton_workshop.bench.models import GPT, GPTConfig
 TINY = {"layers": 2, "heads": 2, "embd": 32, "seq": 16, "batch": 4, "vocab": 64}
 
 
-def describe(counts) -> str:
-    """``patch``'s counts as one line: modules swapped per kind, then the pairs run fused."""
-    text = ", ".join(f"{k} {v}" for k, v in counts.items() if v)
-    fused = ", ".join(f"{k} {v}" for k, v in counts.fused.items() if v)
-    return text + (f" (fused: {fused})" if fused else "")
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=20, help="training steps (default: %(default)s)")
@@ -93,7 +86,7 @@ def patch(model, args) -> None:
         counts = patch_model(model)
     else:
         counts = tw.nn.patch(model)
-    print("patched:", describe(counts))
+    print("patched:", counts.describe())
 
 
 def batches(args, device, count: int = 8):

@@ -35,13 +35,6 @@ from triton_workshop.bench.models import resnet18
 TINY = {"batch": 4, "image_size": 16, "width": 8, "classes": 10}
 
 
-def describe(counts) -> str:
-    """``patch``'s counts as one line: modules swapped per kind, then the pairs run fused."""
-    text = ", ".join(f"{k} {v}" for k, v in counts.items() if v)
-    fused = ", ".join(f"{k} {v}" for k, v in counts.fused.items() if v)
-    return text + (f" (fused: {fused})" if fused else "")
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=20, help="training steps (default: %(default)s)")
@@ -104,7 +97,7 @@ def main(argv=None) -> list[float]:
           f"{'bf16 autocast' if args.amp else 'fp32'}, {tw.runtime.mode_description()}")
     if args.patch:
         counts = tw.nn.patch(model)
-        print("patched:", describe(counts))
+        print("patched:", counts.describe())
     if args.compile:
         model = torch.compile(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)

@@ -105,6 +105,12 @@ class PatchCounts(dict):
     def __reduce__(self):  # pickles as a plain dict
         return (dict, (dict(self),))
 
+    def describe(self) -> str:
+        """One line: modules swapped per kind, then the pairs run fused."""
+        text = ", ".join(f"{k} {v}" for k, v in self.items() if v)
+        fused = ", ".join(f"{k} {v}" for k, v in self.fused.items() if v)
+        return text + (f" (fused: {fused})" if fused else "")
+
 
 # --------------------------------------------------------------------------------------------
 # The modules patch swaps in that nn/ does not already have.
