@@ -4,13 +4,15 @@
 ``python exercises/exercise_n.py`` all end in. It checks the learner's file in a child process
 (:mod:`.sandbox`): each case's verdict prints as soon as it is known, and a case that kills the
 interpreter or hangs is reported and the others still run. ``check_module`` runs the same checks
-in this process and returns them (the tests and the tour use it).
+in this process and returns them (progress, the tour and the tests use it). On a GPU both also run
+every case in an interpreter child, bounds-checked, and merge the verdicts (:func:`.sandbox.merge`).
 """
 
 from __future__ import annotations
 
 import difflib
 import importlib.util
+import inspect
 import os
 import sys
 import time
@@ -86,10 +88,14 @@ def missing_function_verdict(module: ModuleType, name: str) -> Verdict:
     if found is not None and not callable(found):
         return Verdict(False, f"{name} in the file is a {type(found).__name__}, not a function",
                        [f"the checker calls {name}(...): define it with def {name}(...)"])
-    names = [n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
-             and getattr(v, "__module__", None) == module.__name__]
-    close = [n for n in names if name in n or n in name] + difflib.get_close_matches(name, names, n=1,
-                                                                                     cutoff=0.5)
+    # Plain functions only: a launcher was renamed, not a kernel. (A @triton.jit kernel is a
+    # callable object, and compiled for a GPU it claims the file's module: add_kernel would
+    # otherwise be offered for add.)
+    names = [n for n, v in vars(module).items() if inspect.isfunction(v) and not n.startswith("_")
+             and v.__module__ == module.__name__]
+    close = sorted((n for n in names if name in n or n in name),
+                   key=lambda n: -difflib.SequenceMatcher(None, name, n).ratio())
+    close += difflib.get_close_matches(name, names, n=1, cutoff=0.5)
     hint = f" (the file has {close[0]!r}: renamed?)" if close else ""
     return Verdict(False, f"no function named {name!r} in the file{hint}",
                    [f"the checker calls {name}(...): keep the template's name"])
@@ -164,16 +170,63 @@ def _iter_check(exercise, module, seed, learner_file, skip, memcheck, time_limit
             yield "result", cid, task.function, result.label, result
 
 
+def compiled_natively() -> bool:
+    """Whether this process's kernels run compiled (on a GPU), where nothing checks the bounds of
+    a load or store: then each case runs again in an interpreter child, bounds-checked."""
+    return not runtime.INTERPRET
+
+
+def _can_rerun(path) -> bool:
+    """A child process can import the learner's file (a real file; POSIX pipes for the protocol)."""
+    return path is not None and Path(path).is_file() and os.name == "posix"
+
+
 def check_module(exercise: Exercise, module: ModuleType, *, seed: int | None = None,
-                 learner_file: str | None = None) -> list[TaskReport]:
-    """Every case of the exercise, run in this process; one report per task."""
+                 learner_file: str | None = None, rerun_in_interpreter: bool | None = None
+                 ) -> list[TaskReport]:
+    """Every case of the exercise, run in this process; one report per task.
+
+    On a GPU (``rerun_in_interpreter``, by default when kernels run compiled) the module's file
+    is also checked in an interpreter child, bounds-checked, with the same seed, and each case's
+    verdict is merged with its rerun's as ``workshop check`` does: an out-of-bounds access fails
+    the case even when the values are right.
+    """
+    path = learner_file or getattr(module, "__file__", None)
+    if rerun_in_interpreter is None:
+        rerun_in_interpreter = compiled_natively()
+    rerun = None
+    if rerun_in_interpreter and _can_rerun(path):
+        from .sandbox import InterpreterRerun
+
+        if seed is None:  # the rerun must draw the same inputs
+            seed = int(time.time_ns() % 2**31)
+        rerun = InterpreterRerun(exercise.number, Path(path), seed, CASE_TIME_LIMIT)
     reports: dict[str, TaskReport] = {}
     for task in exercise.tasks:
         reports.setdefault(task.function, TaskReport(task.function, []))
-    for event, _, function, _, result in iter_check(exercise, module, seed=seed,
-                                                     learner_file=learner_file):
-        if event == "result":
+    native = []
+    try:
+        for event, cid, function, _, result in iter_check(
+                exercise, module, seed=seed, learner_file=learner_file,
+                memcheck=False if rerun is not None else None):
+            if event == "result":
+                native.append((cid, function, result))
+    except BaseException:
+        if rerun is not None:
+            rerun.stop()
+        raise
+    if rerun is None:
+        for _, function, result in native:
             reports[function].cases.append(result)
+        return list(reports.values())
+    from .sandbox import merge, rerun_only
+
+    checked = rerun.results()
+    for cid, function, result in native:
+        verdict = merge(result.verdict, checked[cid][1].verdict if cid in checked else None)
+        reports[function].cases.append(CaseResult(result.label, verdict, result.seconds))
+    for function, result in rerun_only([r.verdict for _, _, r in native], [c for c, _, _ in native], checked):
+        reports[function].cases.append(result)
     return list(reports.values())
 
 
@@ -291,11 +344,13 @@ def check_exercise(number: int, module: ModuleType | None = None, *, solution: b
     except ValueError:
         pass
     limit = CASE_TIME_LIMIT if time_limit is None else time_limit
-    if isolate is None:  # the child protocol needs POSIX pipes (pass_fds, select)
-        isolate = path is not None and Path(path).is_file() and os.name == "posix"
+    if isolate is None:
+        isolate = _can_rerun(path)
     if isolate:
         from .sandbox import check_isolated
 
+        if rerun_in_interpreter is None:
+            rerun_in_interpreter = compiled_natively()
         return check_isolated(exercise, Path(path), seed=seed, console=console, source=source,
                               png=png, time_limit=limit, rerun_in_interpreter=rerun_in_interpreter)
     if module is None:

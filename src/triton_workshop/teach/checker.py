@@ -229,6 +229,9 @@ class Verdict:
     details: list[str] = field(default_factory=list)
     memory: list[str] = field(default_factory=list)  # out-of-bounds findings (also in details)
     picture: dict | None = None  # see picture.build_picture
+    # The kernel calls a helper that only Triton's interpreter can run (print_if): compiled, the
+    # case cannot even start, and the bounds-checked interpreter run is its check.
+    needs_interpreter: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -236,7 +239,7 @@ class Verdict:
     @classmethod
     def from_dict(cls, d: dict) -> "Verdict":
         return cls(bool(d["passed"]), str(d["headline"]), list(d.get("details", [])),
-                   list(d.get("memory", [])), d.get("picture"))
+                   list(d.get("memory", [])), d.get("picture"), bool(d.get("needs_interpreter", False)))
 
 
 def _fmt_index(idx: Sequence[int]) -> str:
@@ -1020,6 +1023,9 @@ def _verdict_for_exception(exc: Exception, learner_file: str | None, launcher=No
              f"{len(todos)} TODO(s) left: replace each '...' with your code"],
         )
     chain = _chain(exc)
+    helper = _interpreter_only_helper(chain)
+    if helper is not None:
+        return interpreter_only_verdict(helper, learner_file)
     target = Path(learner_file).resolve() if learner_file else None
     site = None
     culprit = chain[0]
@@ -1039,9 +1045,14 @@ def _verdict_for_exception(exc: Exception, learner_file: str | None, launcher=No
     compiled = _compile_error_site(chain, target)
     if compiled is not None:  # a GPU compile error points into the kernel's source itself
         lineno, code, message = compiled
-        return Verdict(False, f"raised {type(culprit).__name__} at line {lineno}: {code}",
-                       [message[:300], "the kernel did not compile: that line (and the message) say "
-                        "what Triton could not do"])
+        details = [message[:300] if message else
+                   "(Triton's compiler stopped at a check of its own on that line, without a message)"]
+        advice = _dot_accumulator_advice(chain, target, lineno, code)
+        if advice:
+            details.append(advice)
+        details.append("the kernel did not compile: that line (and the message) say what Triton "
+                       "could not do")
+        return Verdict(False, f"raised {type(culprit).__name__} at line {lineno}: {code}", details)
     where = f" at line {site.lineno}: {site.line}" if site else ""
     message = _message(culprit) or _message(exc)
     details = [message[:300]] if message else []
@@ -1082,8 +1093,106 @@ def _compile_error_site(chain, target: Path | None):
             continue
         reason = (getattr(exc, "error_message", None) or
                   next((ln.strip() for ln in lines[caret + 1:] if ln.strip()), "")) or _message(exc)
-        return found[0], code, str(reason).strip().splitlines()[-1] if str(reason).strip() else ""
+        reason = str(reason).strip().splitlines()[-1] if str(reason).strip() else ""
+        # A bare assert inside Triton leaves no reason: the last line is then the caret itself.
+        return found[0], code, "" if set(reason) <= {"^", " "} else reason
     return None
+
+
+# Debug helpers that are plain Python functions: the interpreter runs them inside a kernel, a
+# compiled kernel cannot call them.
+INTERPRETER_ONLY_HELPERS = ("print_if", "breakpoint_if")
+_UNSUPPORTED_FUNCTION = re.compile(r"Unsupported function referenced: <function (\w+)")
+
+
+def _interpreter_only_helper(chain) -> str | None:
+    """``print_if`` or ``breakpoint_if`` when that is why a compiled kernel failed: Triton's
+    compiler refuses a plain Python function called in a kernel ("Unsupported function
+    referenced"), and the helpers themselves refuse to run outside the interpreter."""
+    for exc in chain:
+        text = str(exc)
+        m = _UNSUPPORTED_FUNCTION.search(text)
+        if m and m.group(1) in INTERPRETER_ONLY_HELPERS:
+            return m.group(1)
+        if "print_if/breakpoint_if read program ids in interpreter mode only" in text:
+            return "breakpoint_if" if "breakpoint_if(" in text else "print_if"
+    return None
+
+
+def interpreter_only_verdict(helper: str, learner_file: str | None) -> Verdict:
+    name = Path(learner_file).name if learner_file else "your file"
+    return Verdict(False, f"the kernel calls {helper}, which runs only in Triton's interpreter, "
+                   "not in a kernel compiled for the GPU",
+                   [f"in a compiled kernel use tl.device_print(\"x\", x) instead (or remove the call); "
+                    f"to keep {helper}, run in the interpreter: TRITON_INTERPRET=1 python {name}"],
+                   needs_interpreter=True)
+
+
+def _dot_accumulator_advice(chain, target: Path | None, lineno: int, code: str) -> str | None:
+    """For a compile error at a ``tl.dot`` line whose accumulator is not float32: Triton 3.6
+    rejects it with a bare assert (tl.dot's out_dtype is float32 and must match the accumulator),
+    later versions with a message, or (bfloat16) as an unsupported out_dtype."""
+    if "dot(" not in code:
+        return None
+    text = " ".join(str(e) for e in chain)
+    stated = re.search(r"accumulator dtype \S+, got (\w+)", text)
+    declared = _accumulator_dtype(target, lineno)
+    if stated and not _is_float32_text(stated.group(1)):
+        what = stated.group(1)
+    elif declared is not None:
+        what = declared
+    else:
+        return None
+    return (f"the accumulator passed to tl.dot is not float32 (its dtype is {what}): tl.dot sums "
+            "its products in float32 and needs a float32 accumulator. Accumulate in float32 "
+            "(acc = tl.zeros(..., dtype=tl.float32), tl.dot(a, b, acc)) and round once, on the "
+            "store (acc.to(c_ptr.dtype.element_ty))")
+
+
+def _is_float32_text(text: str) -> bool:
+    return text.strip().strip("'\"").split(".")[-1] in ("float32", "fp32")
+
+
+def _accumulator_dtype(target: Path | None, lineno: int) -> str | None:
+    """The source of the dtype the accumulator of the ``tl.dot`` call at ``lineno`` is made
+    with (``tl.zeros(..., dtype=X)`` or ``.to(X)``, followed through assignments in the kernel),
+    when that is not float32; None when it is float32 or cannot be told."""
+    import ast
+
+    if target is None:
+        return None
+    try:
+        text = target.read_text()
+        tree = ast.parse(text)
+    except (OSError, SyntaxError, ValueError):
+        return None
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and n.lineno <= lineno <=
+             (n.end_lineno or n.lineno) and getattr(n.func, "attr", getattr(n.func, "id", None)) == "dot"]
+    if not calls:
+        return None
+    call = calls[-1]
+    acc = call.args[2] if len(call.args) > 2 else next((k.value for k in call.keywords if k.arg == "acc"), None)
+    if acc is None:
+        return None
+
+    def dtype_of(expr) -> str | None:
+        if not isinstance(expr, ast.Call):
+            return None
+        given = next((k.value for k in expr.keywords if k.arg == "dtype"), None)
+        if given is None and getattr(expr.func, "attr", None) == "to" and expr.args:
+            given = expr.args[0]
+        return None if given is None else ast.get_source_segment(text, given)
+
+    sources = [dtype_of(acc)]
+    if isinstance(acc, ast.Name):
+        kernel = [f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)
+                  and f.lineno <= call.lineno <= (f.end_lineno or f.lineno)]
+        for node in ast.walk(kernel[-1]) if kernel else ():
+            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == acc.id
+                                                    for t in node.targets):
+                sources.append(dtype_of(node.value))
+    bad = [s for s in sources if s and not _is_float32_text(s)]
+    return bad[0] if bad else None
 
 
 def _message(exc: BaseException) -> str:

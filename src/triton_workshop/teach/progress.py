@@ -19,10 +19,13 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from rich.console import Console
 from rich.table import Table
 
@@ -113,11 +116,34 @@ def exercise_status(number: int, root: str | Path | None = None, *, run_checks: 
     return _checked_status(number, path, seed, stretch_open=bool(stretch))
 
 
+@contextlib.contextmanager
+def _quiet():
+    """Nothing reaches stdout: Python's prints (print_if, the interpreter rerun's output relayed)
+    and, on a GPU, what tl.device_print writes to file descriptor 1 from native code."""
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no file descriptor 1: only Python's stdout to silence
+        saved = None
+    sink = os.open(os.devnull, os.O_WRONLY)
+    try:
+        if saved is not None:
+            os.dup2(sink, 1)
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        if saved is not None:
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                torch.cuda.synchronize()  # the device's printf buffer is written out at a sync
+            os.dup2(saved, 1)
+            os.close(saved)
+        os.close(sink)
+
+
 def _checked_status(number: int, path: Path, seed: int, *, stretch_open: bool) -> Status:
     exercise = EXERCISES[number]
-    quiet = io.StringIO()
-    try:  # the learner's kernel may print (print_if): keep the table clean
-        with contextlib.redirect_stdout(quiet):
+    try:  # the learner's kernel may print (print_if, tl.device_print): keep the table clean
+        with _quiet():
             module = load_module(path, name=f"_workshop_progress_{number}")
             reports = check_module(exercise, module, seed=seed)
     except Exception as exc:  # a syntax error or a bad import in the learner's file

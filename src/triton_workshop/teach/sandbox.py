@@ -9,7 +9,9 @@ reported with the likely cause and a fresh child carries on with the cases left.
 
 On a GPU machine the cases run on the GPU, where nothing checks the bounds of a load or store.
 A second child runs the same cases (same seed, same inputs) in Triton's interpreter
-(``TRITON_INTERPRET=1``), bounds-checked; its out-of-bounds findings join each case's verdict.
+(``TRITON_INTERPRET=1``), bounds-checked; its out-of-bounds findings join each case's verdict. A
+kernel that cannot compile because it calls an interpreter-only helper (``print_if``) is judged by
+that run alone, with a note saying so.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import threading
 import time
 from pathlib import Path
 
-from .checker import CaseResult, Verdict, hang_verdict
+from .checker import INTERPRETER_ONLY_HELPERS, CaseResult, Verdict, hang_verdict
 
 STARTUP_LIMIT = 120.0  # seconds for a child to import torch, Triton and the learner's file
 CUDA_BROKEN = ("CUDA error", "illegal memory access", "device-side assert", "unspecified launch failure")
@@ -176,16 +178,22 @@ class ChildRun(threading.Thread):
         self.events, self.env, self.memcheck, self.time_limit = events, env, memcheck, time_limit
         self.done: dict[str, bool] = {}
         self.proc: subprocess.Popen | None = None
+        self.stopped = False
 
     def put(self, **event):
         self.events.put((self.role, event))
 
     def run(self):
         try:
-            while not self._one_child():
+            while not self._one_child() and not self.stopped:
                 pass
         finally:
             self.put(event="finished")
+
+    def stop(self) -> None:
+        """No more children: the one running is killed, and no fresh one starts."""
+        self.stopped = True
+        self._kill()
 
     def _one_child(self) -> bool:
         """Run one child to its end; True when nothing is left to do."""
@@ -283,11 +291,25 @@ SUSPECT_FINDINGS = ("this looks like", "the wrong elements are what")
 CATCH_ALL = "the wrong elements were never written: check the grid"
 
 
+def interpreted_instead(native: Verdict, checked: Verdict) -> Verdict:
+    """The interpreter run's verdict for a case that could not run compiled (``native`` says
+    why: the kernel calls print_if), with a note saying so."""
+    helper = next((h for h in INTERPRETER_ONLY_HELPERS if f"calls {h}," in native.headline), "print_if")
+    note = (f"note: the kernel calls {helper}, which runs only in Triton's interpreter: this case "
+            f"was checked there, bounds-checked, not on the GPU (remove the call, or use "
+            "tl.device_print, to run it compiled)")
+    return Verdict(checked.passed, checked.headline, [note] + [d for d in checked.details if d != note],
+                   list(checked.memory), checked.picture)
+
+
 def merge(native: Verdict, checked: Verdict | None) -> Verdict:
     """A GPU verdict with the interpreter rerun's findings added: its out-of-bounds accesses
-    (which fail the case), and what only its write map can tell (who stored where)."""
+    (which fail the case), and what only its write map can tell (who stored where). A case that
+    could not run compiled at all (the kernel calls print_if) takes the rerun's verdict."""
     if checked is None:
         return native
+    if native.needs_interpreter:
+        return interpreted_instead(native, checked)
     if not native.passed and not checked.passed:
         have_suspect = any(d.startswith(SUSPECT_FINDINGS) for d in native.details)
         extra = [d for d in checked.details if d not in native.details and not d.startswith("first wrong")
@@ -307,8 +329,47 @@ def merge(native: Verdict, checked: Verdict | None) -> Verdict:
     native.passed = False
     native.details = extra + native.details
     native.memory = list(checked.memory)
-    native.picture = native.picture or checked.picture
+    # The rerun's picture has what the native one cannot: the stray cells, and who stored where.
+    native.picture = checked.picture or native.picture
     return native
+
+
+def rerun_only(native: list[Verdict], native_ids, checked: dict) -> list[tuple[str, CaseResult]]:
+    """The cases only the interpreter ran (the non-contiguous case, which runs once the others
+    pass), as ``(function, result)``: they count when the kernel cannot run compiled, where the
+    interpreter's run is the check."""
+    stand_in = next((v for v in native if v.needs_interpreter), None)
+    if stand_in is None:
+        return []
+    return [(function, CaseResult(result.label, interpreted_instead(stand_in, result.verdict), result.seconds))
+            for cid, (function, result) in checked.items() if cid not in set(native_ids)]
+
+
+class InterpreterRerun:
+    """Every case of one exercise run again in an interpreter child, bounds-checked, in the
+    background while this process runs them natively (``check_module`` on a GPU). The child's
+    own output (a learner's print_if) goes to our stdout, as the native run's does."""
+
+    def __init__(self, number: int, path: Path, seed: int, time_limit: float):
+        self.events: queue.Queue = queue.Queue()
+        self.child = ChildRun("memcheck", number, path, seed, self.events, env=_child_env(True),
+                              memcheck="on", time_limit=time_limit)
+        self.child.start()
+
+    def results(self) -> dict[str, tuple[str, CaseResult]]:
+        """Waits for the child; ``{case id: (function, result)}`` in the order the cases ran
+        (empty when the file does not import in the interpreter: the native verdicts stand)."""
+        found: dict[str, tuple[str, CaseResult]] = {}
+        while True:
+            _, event = self.events.get()
+            if event["event"] == "finished":
+                return found
+            if event["event"] == "result":
+                found[event["id"]] = (event["function"], CaseResult(
+                    event["label"], Verdict.from_dict(event["verdict"]), float(event["seconds"])))
+
+    def stop(self) -> None:
+        self.child.stop()
 
 
 def check_isolated(exercise, path: Path, *, seed: int | None, console, source: str, png=None,
@@ -331,23 +392,29 @@ def check_isolated(exercise, path: Path, *, seed: int | None, console, source: s
     for run in runs.values():
         run.start()
     pending: dict[str, dict] = {}  # main results waiting for their rerun
-    checked: dict[str, Verdict] = {}
+    checked: dict[str, tuple[str, CaseResult]] = {}
     memcheck_over = "memcheck" not in runs
     live = set(runs)
     ok, failed_import = True, False
     drawn: set[str] = set()
     pictures = []
+    native: dict[str, Verdict] = {}  # the main run's own verdicts, by case id
 
-    def show(event: dict, extra: Verdict | None) -> None:
+    def show(function: str, result: CaseResult) -> None:
         nonlocal ok
-        verdict = merge(Verdict.from_dict(event["verdict"]), extra)
+        verdict = result.verdict
         ok = ok and verdict.passed
-        draw = not verdict.passed and bool(verdict.picture) and event["function"] not in drawn
+        draw = not verdict.passed and bool(verdict.picture) and function not in drawn
         if draw:
-            drawn.add(event["function"])
-            pictures.append((f"{event['function']}({event['label']})", verdict.picture))
-        print_case(event["function"], CaseResult(event["label"], verdict, float(event["seconds"])),
-                   console, picture=draw)
+            drawn.add(function)
+            pictures.append((f"{function}({result.label})", verdict.picture))
+        print_case(function, result, console, picture=draw)
+
+    def show_main(event: dict) -> None:
+        verdict = native[event["id"]] = Verdict.from_dict(event["verdict"])
+        rerun = checked.get(event["id"])
+        show(event["function"], CaseResult(event["label"], merge(verdict, rerun and rerun[1].verdict),
+                                           float(event["seconds"])))
 
     while live:
         role, event = events.get()
@@ -364,20 +431,23 @@ def check_isolated(exercise, path: Path, *, seed: int | None, console, source: s
                 for line in verdict.details:
                     console.print(f"   {line}", markup=False, highlight=False)
                 for other in runs.values():
-                    other._kill()
+                    other.stop()
         elif kind == "result" and role == "memcheck":
-            checked[event["id"]] = Verdict.from_dict(event["verdict"])
+            checked[event["id"]] = (event["function"], CaseResult(
+                event["label"], Verdict.from_dict(event["verdict"]), float(event["seconds"])))
         elif kind == "result":
             pending[event["id"]] = event
         # Print, in order, the main results whose rerun is in (or over).
         for cid in list(pending):
             if not (memcheck_over or cid in checked):
                 break
-            show(pending.pop(cid), checked.get(cid))
+            show_main(pending.pop(cid))
     for cid in list(pending):
-        show(pending.pop(cid), checked.get(cid))
+        show_main(pending.pop(cid))
     if failed_import:
         return 1
+    for function, result in rerun_only(list(native.values()), list(native), checked):
+        show(function, result)
     if png and pictures:
         from .picture import save_png
 
