@@ -9,6 +9,12 @@ decision are fresh whatever other tests imported, and so that the slides behave 
 machine. The same file is the runner; to rehearse a talk, from the repository root:
 
     python tests/test_slides.py slides/workshop.md
+
+Pictures: an image under ``workshop-output/`` (ignored by git) is drawn by the slides' own code, so
+a rehearsal is what puts it there; any other image is a committed file (the benchmark plots under
+docs/results/latest/, drawn from the results file by triton_workshop.bench.tables). Benchmark
+numbers on a slide sit between ``results:begin``/``results:end`` markers and are generated from
+docs/results/latest.csv (tests/test_bench_tables.py checks them).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,6 +82,21 @@ def parse(path: Path) -> list[Slide]:
 
 def python_blocks(path: Path) -> list[Block]:
     return [b for s in parse(path) for b in s.blocks if b.lang == "python"]
+
+
+#: Images the slides draw themselves, relative to a slide file (workshop-output/ is ignored by git).
+OUTPUT_PREFIX = "../workshop-output/"
+
+
+def shown_images(path: Path) -> list[str]:
+    """The image paths of ``![...](...)`` in a slide file, as written (relative to it)."""
+    return re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", path.read_text(encoding="utf-8"))
+
+
+def drawn_images(path: Path) -> list[Path]:
+    """The pictures of a slide file that its own code draws."""
+    return [(path.parent / image).resolve() for image in shown_images(path)
+            if image.startswith(OUTPUT_PREFIX)]
 
 
 def _words(text: str) -> str:
@@ -145,6 +167,7 @@ if pytest is not None:
     @slide_files
     def test_python_blocks_run(path, tmp_path):
         assert python_blocks(path), f"{path.name} has no python blocks"
+        started = time.time()
         # torch.compile's caches too go to a temporary directory.
         env = dict(os.environ, TRITON_INTERPRET="1", TRITON_WORKSHOP_QUIET="1",
                    PYTHONUNBUFFERED="1", TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"),
@@ -152,22 +175,54 @@ if pytest is not None:
         proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), str(path)],
                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, (proc.stdout[-6000:] + "\n" + proc.stderr[-3000:])
+        # Every picture the slides draw was drawn by this run, as a PNG.
+        for image in drawn_images(path):
+            assert image.is_file(), f"{image} is shown but no block drew it"
+            assert image.stat().st_mtime >= started - 1, f"{image} is older than this run"
+            assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", image
 
     @slide_files
     def test_slides_have_titles_and_code_blocks_are_small(path):
         slides = parse(path)
-        assert 20 <= len(slides) <= 25, f"{len(slides)} slides"
+        assert 30 <= len(slides) <= 45, f"{len(slides)} slides"
         for s in slides:
             assert s.title, f"slide {s.number} has no '## ' title"
             for b in s.blocks:
                 assert b.code.count("\n") <= 26, f"slide {s.number}: a {b.lang} block of " \
                                                  f"{b.code.count(chr(10))} lines"
 
+    #: The one-line comments presenterm knows; it refuses any other one-line comment (one of
+    #: several lines it ignores). The value of a command is YAML: a speaker note must not hold
+    #: ": " or " #" or start with a YAML indicator, or the whole deck fails to load.
+    PRESENTERM_COMMAND = re.compile(
+        r"(end_slide|pause|reset_layout|jump_to_middle|no_footer|new_line|skip_slide"
+        r"|column_layout: \[\d+(, \d+)*\]|column: \d+|incremental_lists: (true|false)"
+        r"|speaker_note: (?![\"'`\[{&*!|>%@#-])((?!: | #).)+)")
+
+    @slide_files
+    def test_comments_are_presenterm_commands(path):
+        text = FENCE.sub("", path.read_text(encoding="utf-8"))
+        for m in re.finditer(r"<!--(.*?)-->", text, flags=re.S):
+            if "\n" in m.group(1):  # several lines: presenterm ignores it
+                continue
+            body = m.group(1).strip()
+            assert PRESENTERM_COMMAND.fullmatch(body), f"presenterm refuses <!-- {body} -->"
+
     @slide_files
     def test_images_exist(path):
-        images = re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", path.read_text(encoding="utf-8"))
+        """A committed image exists; one under workshop-output/ is named by the code of a python
+        block before it (test_python_blocks_run checks that the block draws it)."""
+        images = shown_images(path)
+        assert images, f"{path.name} shows no pictures"
+        text = path.read_text(encoding="utf-8")
+        for image in (i for i in images if i.startswith(OUTPUT_PREFIX)):
+            line = text.count("\n", 0, text.index(f"]({image})")) + 1
+            before = "".join(b.code for b in python_blocks(path) if b.line < line)
+            assert Path(image).name in before, \
+                f"{image} (line {line}) is drawn by no python block before it"
         for image in images:
-            assert (path.parent / image).is_file(), image
+            if not image.startswith(OUTPUT_PREFIX):
+                assert (path.parent / image).is_file(), image
 
     @slide_files
     def test_bash_commands_are_the_readmes(path):

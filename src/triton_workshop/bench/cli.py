@@ -1,4 +1,5 @@
-"""``workshop bench [NAME ...] [--quick] [--out DIR] [-k TEXT] [--list]``: the suite's command line.
+"""``workshop bench [NAME ...] [--quick] [--out DIR] [-k TEXT] [--list] [--update-results]``: the
+suite's command line.
 
 Parses the arguments, picks the specs, refuses without a CUDA GPU (in Triton's interpreter kernels
 run as Python on the CPU and timings mean nothing: exit code 2), then runs the suite: every case
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import shlex
 import sys
 import time
 import warnings
@@ -84,6 +86,11 @@ def _parser() -> argparse.ArgumentParser:
                              "'x' matches '×'), e.g. -k 'fwd+bwd' -k 8192x8192x8192")
     parser.add_argument("--list", action="store_true",
                         help="list the benchmarks, their workloads and sizes, and exit")
+    parser.add_argument("--update-results", action="store_true",
+                        help="after a run of the whole suite (no NAME, no -k): make its "
+                             "results.csv docs/results/latest.csv and regenerate from it the "
+                             "README's table, the slides' numbers and their plots "
+                             "(bench/tables.py)")
     return parser
 
 
@@ -128,6 +135,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         list_specs(names, console)
         return 0
+    if args.update_results:
+        from . import tables
+
+        # The README and the slides show one run: a partial one would mix runs or drop rows.
+        problem = ("it needs the whole suite: drop the benchmark names and -k"
+                   if args.names or args.match else tables.repository_problem())
+        if problem:
+            print(f"workshop bench: --update-results: {problem}", file=sys.stderr)
+            return 2
     reason = gpu_unavailable_reason()
     if reason:
         print(
@@ -138,8 +154,17 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    return run_suite([load_spec(n) for n in names], quick=args.quick, out=args.out, console=console,
-                     match=args.match)
+    code = run_suite([load_spec(n) for n in names], quick=args.quick, out=args.out,
+                     console=console, match=args.match)
+    if args.update_results:
+        if code != 0:
+            console.print("[red]--update-results: not updating docs/results/latest.csv: a "
+                          "triton-workshop result was not ok[/]")
+            return code
+        command = f"workshop bench {shlex.join(argv)}".strip()
+        written = tables.update_from_run(args.out, command=command)
+        console.print(f"updated from this run: {', '.join(str(p) for p in written)}")
+    return code
 
 
 def _device() -> torch.device:
