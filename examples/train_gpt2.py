@@ -124,20 +124,27 @@ def main(argv=None) -> list[float]:
         model = torch.compile(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
     data = batches(args, device)
+    return train(model, optimizer, data, lambda x, y: loss_of(model, x, y, args.hf), args.steps,
+                 device, args.amp)
+
+def train(model, optimizer, data, loss_fn, steps: int, device: torch.device, amp: bool) -> list:
+    """``steps`` training steps over ``data`` (pairs of inputs, cycled), each timed to the GPU's
+    end; prints loss and ms per step, then the first step and the median of the rest. Returns
+    the losses. Shared by the examples (train_resnet.py uses it too)."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     losses, times = [], []
-    for step in range(args.steps):
-        x, y = data[step % len(data)]
+    for step in range(steps):
+        inputs, targets = data[step % len(data)]
         start = time.perf_counter()
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp):
-            loss = loss_of(model, x, y, args.hf)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+            loss = loss_fn(inputs, targets)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         sync()
         times.append((time.perf_counter() - start) * 1e3)
         losses.append(loss.item())
-        print(f"step {step + 1:4d}/{args.steps}  loss {losses[-1]:.4f}  {times[-1]:8.1f} ms")
+        print(f"step {step + 1:4d}/{steps}  loss {losses[-1]:.4f}  {times[-1]:8.1f} ms")
     if len(times) > 1:
         print(f"first step {times[0] / 1e3:.1f} s (compiling and tuning included), then "
               f"median {statistics.median(times[1:]):.1f} ms/step")

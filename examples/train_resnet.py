@@ -22,15 +22,20 @@ On a GPU the forward runs under bf16 autocast (``--no-amp`` for fp32).
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
+from pathlib import Path
 
 import triton_workshop as tw  # first: decides GPU or interpreter before any kernel is defined
 
 import torch
 import torch.nn.functional as F
 from triton_workshop.bench.models import resnet18
+
+# The training loop is train_gpt2.py's: one loop for all the examples.
+_HERE = str(Path(__file__).resolve().parent)
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
+import train_gpt2  # noqa: E402
 
 TINY = {"batch": 4, "image_size": 16, "width": 8, "classes": 10}
 
@@ -102,25 +107,9 @@ def main(argv=None) -> list[float]:
         model = torch.compile(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     data = batches(args, device)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    losses, times = [], []
-    for step in range(args.steps):
-        images, labels = data[step % len(data)]
-        start = time.perf_counter()
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp):
-            loss = F.cross_entropy(model(images).float(), labels)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        sync()
-        times.append((time.perf_counter() - start) * 1e3)
-        losses.append(loss.item())
-        print(f"step {step + 1:4d}/{args.steps}  loss {losses[-1]:.4f}  {times[-1]:8.1f} ms")
-    if len(times) > 1:
-        print(f"first step {times[0] / 1e3:.1f} s (compiling and tuning included), then "
-              f"median {statistics.median(times[1:]):.1f} ms/step")
-    return losses
-
+    return train_gpt2.train(model, optimizer, data,
+                            lambda images, labels: F.cross_entropy(model(images).float(), labels),
+                            args.steps, device, args.amp)
 
 if __name__ == "__main__":
     main()
