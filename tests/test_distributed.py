@@ -42,6 +42,12 @@ TWO_GPUS = ON_GPU and torch.cuda.device_count() >= 2
 needs_two_gpus = pytest.mark.skipif(
     not TWO_GPUS, reason="needs 2 CUDA devices with compiled kernels (NCCL, one GPU per rank)"
 )
+# The gloo tests run the kernels in Triton's interpreter on CPU tensors: in GPU mode the package
+# (rightly) refuses to patch a model on the CPU. On a GPU machine: TRITON_INTERPRET=1 runs them.
+interpreter_only = pytest.mark.skipif(
+    not triton_workshop.INTERPRET,
+    reason="gloo on the CPU with the interpreter's kernels: run with TRITON_INTERPRET=1 on a GPU machine",
+)
 #: Seconds a group of processes may take, start-up included, before the test fails.
 TIME_LIMIT_S = 300
 
@@ -202,6 +208,7 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
 # --------------------------------------------------------------------------------------------
 # CPU: gloo, the interpreter.
 # --------------------------------------------------------------------------------------------
+@interpreter_only
 def test_ddp_and_fsdp2_on_gloo_match_one_process(tmp_path):
     ranks = run_ranks(tmp_path, CPU_ARGS)
     ref = reference(CPU_ARGS, "cpu")
@@ -230,6 +237,7 @@ def test_ddp_and_fsdp2_on_gloo_match_one_process(tmp_path):
             assert torch.equal(ranks[0][mode]["grads"][n], ranks[1][mode]["grads"][n]), (mode, n)
 
 
+@interpreter_only
 def test_fsdp2_shards_parameters_as_dtensors_on_gloo(tmp_path):
     """FSDP2 really shards (each rank holds half of every parameter between steps) while the
     patched modules compute with whole tensors: checked on the model the example builds."""
@@ -314,12 +322,14 @@ def example_runs(tmp_path_factory):
     return {"records": records, "alone": alone, "outputs": outputs, "gpt2": gpt2, "folder": folder}
 
 
+@interpreter_only
 def test_example_alone_is_train_gpt2(example_runs):
     # A world of one: DDP divides the gradients by 1; the same steps as train_gpt2.py.
     torch.testing.assert_close(torch.tensor(example_runs["alone"]), torch.tensor(example_runs["gpt2"]),
                                rtol=1e-6, atol=1e-6)  # fmt: skip
 
 
+@interpreter_only
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
 def test_example_under_torchrun_matches_one_process(example_runs, mode):
     printed = example_runs["outputs"][mode]
@@ -334,6 +344,7 @@ def test_example_under_torchrun_matches_one_process(example_runs, mode):
                                rtol=1e-5, atol=1e-5)  # fmt: skip
 
 
+@interpreter_only
 def test_scaling_figure_from_records(example_runs, capsys):
     png = example_runs["folder"] / "scaling.png"
     assert load("train_ddp").main(["--plot", str(example_runs["records"]), "--out", str(png)]) == []
