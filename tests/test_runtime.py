@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import subprocess
 import sys
@@ -204,6 +205,21 @@ def test_autotune_off_on_gpu_takes_the_first_config_pruning_keeps(monkeypatch):
     assert tuner.do_bench(lambda: pytest.fail("timed"), quantiles=(0.5, 0.2, 0.8)) == [0.0] * 3
     plain = runtime.autotune(_CONFIGS, key=["n"])(_tuned_inc_kernel.fn)
     assert plain.configs == [_CONFIGS[0]]
+
+
+def test_autotune_asks_triton_to_keep_its_results_on_disk(monkeypatch):
+    # A model's second run (a new process) should not benchmark its configs again: Triton keeps
+    # the tuning results beside its compiled kernels where the installed release can.
+    seen = {}
+    monkeypatch.setattr(runtime.mode, "INTERPRET", False)
+    monkeypatch.delenv("TRITON_WORKSHOP_AUTOTUNE", raising=False)
+    monkeypatch.setattr(triton, "autotune", lambda **kwargs: seen.update(kwargs) or (lambda fn: fn))
+    runtime.autotune(_CONFIGS, key=["n"])
+    assert seen["configs"] == _CONFIGS and seen["key"] == ["n"]
+    if "cache_results" in inspect.signature(triton.runtime.autotuner.Autotuner).parameters:
+        assert seen["cache_results"] is True
+    runtime.autotune(_CONFIGS, key=["n"], cache_results=False)
+    assert seen["cache_results"] is False  # a caller's choice stands
 
 
 @interpreter_only

@@ -62,7 +62,15 @@ def autotune(configs: Sequence[triton.Config], key: Sequence[str], **kwargs):
             # Triton before ~3.7 still times a lone pruned config; nothing to compare it with.
             if "do_bench" in inspect.signature(triton.autotune).parameters:
                 kwargs.setdefault("do_bench", _no_timing)
+    # Tuning results kept on disk beside Triton's compiled kernels (keyed by the kernel's source,
+    # the configs and the tuning key): a model's second run skips the benchmarking, not only
+    # the compiles. Triton releases without the option tune again in each process.
+    if "cache_results" in _AUTOTUNE_PARAMETERS:
+        kwargs.setdefault("cache_results", True)
     return triton.autotune(configs=configs, key=list(key), **kwargs)
+
+
+_AUTOTUNE_PARAMETERS = frozenset(inspect.signature(triton.autotune).parameters)
 
 
 def num_sms(device: torch.device | None = None) -> int:
