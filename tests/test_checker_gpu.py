@@ -10,6 +10,8 @@ child, bounds-checked, and the two verdicts are merged. Here:
 * :class:`CompiledFirst` stands in for a GPU launch: Triton's real compiler first compiles the
   kernel for an sm_90 target (in a child where torch claims a GPU, so the package decorates real
   ``JITFunction``s), and fails where a GPU's would; what compiles then runs in the interpreter.
+  One child holds one ``JITFunction`` for every launch, as the GPU process does: a refused kernel
+  leaves state behind in it (a placeholder hash), and the next launch fails differently.
   ``triton_3_6_dot`` makes that compiler's ``tl.dot`` as strict as Triton 3.6's (float32
   ``out_dtype`` by default, a bare assert that the accumulator matches it), which later versions
   relaxed.
@@ -23,6 +25,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -54,8 +57,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton_workshop.teach import load_module
 
-request = json.loads(sys.argv[1])
-if request["triton_3_6_dot"]:
+file, name, strict = json.loads(sys.argv[1])
+if strict:
     from triton.language.semantic import TritonSemantic
     relaxed = TritonSemantic.dot
 
@@ -66,17 +69,50 @@ if request["triton_3_6_dot"]:
         return relaxed(self, lhs, rhs, acc, input_precision, max_num_imprecise_acc, out_dtype)
 
     TritonSemantic.dot = dot
-kernel = getattr(load_module(request["file"], "_front_end"), request["kernel"])
-try:
-    triton.compile(ASTSource(kernel, request["signature"], request["constexprs"]),
-                   target=GPUTarget("cuda", 90, 32))
-    print(json.dumps(None))
-except Exception as exc:
-    print(json.dumps([type(exc).__name__, str(exc)]))
+kernel = getattr(load_module(file, "_front_end"), name)
+for line in sys.stdin:  # one launch's compile per line, all on the same JITFunction
+    request = json.loads(line)
+    try:
+        triton.compile(ASTSource(kernel, request["signature"], request["constexprs"]),
+                       target=GPUTarget("cuda", 90, 32))
+        outcome = None
+    except Exception as exc:
+        outcome = [type(exc).__name__, str(exc)]
+    print(REPLY + json.dumps(outcome), flush=True)
 """
+REPLY = "@compiled: "  # the kernel may print while it compiles: replies are told by this mark
 
 _DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64",
            torch.int32: "i32", torch.int64: "i64", torch.uint8: "u8", torch.bool: "i1"}
+
+
+def _front_end(file: Path, name: str, strict: bool) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(SRC) + os.pathsep + env.get("PYTHONPATH", "")
+    env["TRITON_WORKSHOP_QUIET"] = "1"
+    # A cached kernel would skip the front end, and with it the strict tl.dot.
+    env["TRITON_ALWAYS_COMPILE"] = "1"
+    cache = tempfile.mkdtemp(prefix="front_end_cache_")
+    env["TRITON_CACHE_DIR"] = cache
+    errors = tempfile.TemporaryFile()
+    proc = subprocess.Popen([sys.executable, "-c", f"REPLY = {REPLY!r}\n" + FRONT_END,
+                             json.dumps([str(file), name, strict])], env=env, text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors)
+    proc.cache, proc.errors = cache, errors
+    return proc
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    import shutil
+
+    try:
+        proc.stdin.close()
+        proc.wait(timeout=30)
+    except Exception:
+        proc.kill()
+        proc.wait()
+    proc.errors.close()
+    shutil.rmtree(proc.cache, ignore_errors=True)
 
 
 class CompiledFirst:
@@ -85,7 +121,9 @@ class CompiledFirst:
     def __init__(self, kernel, file: Path, name: str, *, triton_3_6_dot: bool = False):
         self.kernel, self.file, self.name, self.strict = kernel, file, name, triton_3_6_dot
         self.params = inspect.signature(kernel.fn).parameters
-        self.outcomes: dict[str, list | None] = {}
+        self.compiled: set[str] = set()  # what compiled: a GPU launches it again from its cache
+        self.attempts: list[list | None] = []  # each compile's outcome, in order
+        self.proc: subprocess.Popen | None = None
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
@@ -107,24 +145,28 @@ class CompiledFirst:
                 signature[name] = "i32" if -2**31 <= value < 2**31 else "i64"
             else:
                 signature[name] = "fp32"
-        request = json.dumps({"file": str(self.file), "kernel": self.name, "signature": signature,
-                              "constexprs": constexprs, "triton_3_6_dot": self.strict})
-        if request not in self.outcomes:
-            env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-            env["PYTHONPATH"] = str(SRC) + os.pathsep + env.get("PYTHONPATH", "")
-            env["TRITON_WORKSHOP_QUIET"] = "1"
-            # A cached kernel would skip the front end, and with it the strict tl.dot.
-            env["TRITON_ALWAYS_COMPILE"] = "1"
-            with tempfile.TemporaryDirectory() as cache:
-                env["TRITON_CACHE_DIR"] = cache
-                done = subprocess.run([sys.executable, "-c", FRONT_END, request], env=env,
-                                      capture_output=True, text=True, timeout=300)
-            assert done.returncode == 0, done.stderr[-3000:]
-            self.outcomes[request] = json.loads(done.stdout.strip().splitlines()[-1])
-        failure = self.outcomes[request]
-        if failure is not None:
-            kind, message = failure
-            raise (RuntimeError if kind == "RuntimeError" else type(kind, (Exception,), {}))(message)
+        request = json.dumps({"signature": signature, "constexprs": constexprs})
+        if request in self.compiled:
+            return
+        if self.proc is None:
+            self.proc = _front_end(self.file, self.name, self.strict)
+            weakref.finalize(self, _stop, self.proc)
+        self.proc.stdin.write(request + "\n")
+        self.proc.stdin.flush()
+        for line in iter(self.proc.stdout.readline, ""):
+            if line.startswith(REPLY):
+                break
+        else:
+            self.proc.wait()
+            self.proc.errors.seek(0)
+            raise AssertionError(self.proc.errors.read()[-3000:].decode(errors="replace"))
+        failure = json.loads(line[len(REPLY):])
+        self.attempts.append(failure)
+        if failure is None:
+            self.compiled.add(request)
+            return
+        kind, message = failure
+        raise (RuntimeError if kind == "RuntimeError" else type(kind, (Exception,), {}))(message)
 
 
 def compiled_first(module, path: Path, **options):
@@ -177,6 +219,33 @@ def test_a_printing_kernel_does_not_compile_for_a_gpu(tmp_path):
     assert verdict.headline == ("the kernel calls print_if, which runs only in Triton's interpreter, "
                                 "not in a kernel compiled for the GPU")
     assert "tl.device_print" in verdict.details[0] and "TRITON_INTERPRET=1 python planted_1.py" in verdict.details[0]
+
+
+# The same kernel called as debug.print_if: Triton's second refusal is then the helper's own
+# failure at compile time (its conditions arrive as constexprs).
+MODULE_PRINTS = (PRINTS[0], PRINTS[1].replace("    print_if(", "    debug.print_if("))
+IMPORTS_DEBUG = ("import triton\n", "import triton\nfrom triton_workshop import debug\n")
+
+
+@simulated
+@pytest.mark.parametrize("edits", [[PRINTS], [MODULE_PRINTS, IMPORTS_DEBUG]], ids=["print_if", "debug.print_if"])
+def test_every_launch_of_a_printing_kernel_is_left_to_the_interpreter(tmp_path, edits):
+    """What failed exercise 1 under `workshop progress` on the H100. Triton refuses print_if once
+    ("Unsupported function referenced") but leaves a placeholder hash on the JITFunction, so the
+    same kernel's next launch gets past that check to the code generator, which refuses the call
+    in other words: a CompilationError at the print_if line. Those cases were failed as compile
+    errors where the interpreter's verdict should stand."""
+    path = planted(tmp_path, 1, *edits[0])
+    for old, new in edits[1:]:
+        path.write_text(path.read_text().replace(old, new, 1))
+    module = compiled_first(load_module(path, f"_gpu_prints_again_{len(edits)}"), path)
+    results = cases(check_module(EXERCISES[1], module, seed=0, rerun_in_interpreter=False))
+    attempts = module.add_kernel.attempts
+    assert [a[0] for a in attempts] == ["RuntimeError"] + ["CompilationError"] * (len(attempts) - 1)
+    assert len(attempts) == len(results) == 4 and "print_if" in attempts[1][1]
+    for _, case in results:
+        assert not case.verdict.passed and case.verdict.needs_interpreter, case.verdict
+        assert case.verdict.headline.startswith("the kernel calls print_if, which runs only in")
 
 
 @simulated
@@ -255,6 +324,26 @@ def test_progress_keeps_native_output_out_of_the_table(tmp_path, capfd):
     assert "NATIVE PRINT" not in out
     print("still printing")  # file descriptor 1 is back
     assert "still printing" in capfd.readouterr().out
+
+
+def test_the_reruns_output_goes_where_stdout_was_when_it_started(tmp_path, capfd):
+    """`workshop progress` silences stdout only while it checks: a rerun's print_if lines read
+    after that (the child is slower than this process) must not reach the table."""
+    import contextlib
+    import io
+
+    from triton_workshop.teach.checker import CASE_TIME_LIMIT
+    from triton_workshop.teach.sandbox import InterpreterRerun
+
+    path = planted(tmp_path, 1, *PRINTS)
+    silenced = io.StringIO()
+    with contextlib.redirect_stdout(silenced):
+        rerun = InterpreterRerun(1, path, 0, CASE_TIME_LIMIT)
+    results = rerun.results()
+    assert len(results) == 5 and all(r.verdict.passed for _, r in results.values())
+    # Program 0 of each case; the non-contiguous inputs are refused before the kernel runs.
+    assert silenced.getvalue().count("HELLO FROM PROGRAM 0") == 4
+    assert "HELLO FROM PROGRAM 0" not in capfd.readouterr().out
 
 
 def test_merge_takes_the_interpreter_verdict_when_the_kernel_cannot_compile():

@@ -1045,6 +1045,9 @@ def _verdict_for_exception(exc: Exception, learner_file: str | None, launcher=No
     compiled = _compile_error_site(chain, target)
     if compiled is not None:  # a GPU compile error points into the kernel's source itself
         lineno, code, message = compiled
+        called = _HELPER_CALL.search(code.split("#")[0])
+        if called:  # whatever Triton's words (debug.print_if fails inside the helper itself)
+            return interpreter_only_verdict(called.group(1), learner_file)
         details = [message[:300] if message else
                    "(Triton's compiler stopped at a check of its own on that line, without a message)"]
         advice = _dot_accumulator_advice(chain, target, lineno, code)
@@ -1102,7 +1105,12 @@ def _compile_error_site(chain, target: Path | None):
 # Debug helpers that are plain Python functions: the interpreter runs them inside a kernel, a
 # compiled kernel cannot call them.
 INTERPRETER_ONLY_HELPERS = ("print_if", "breakpoint_if")
-_UNSUPPORTED_FUNCTION = re.compile(r"Unsupported function referenced: <function (\w+)")
+# Triton's words for a plain function in a kernel: its dependency check's on a kernel's first
+# launch; that check leaves a placeholder hash on the JITFunction, so the same kernel's later
+# launches reach the code generator, which names the global instead.
+_UNSUPPORTED_FUNCTION = re.compile(r"Unsupported function referenced: <function (\w+)"
+                                   r"|Cannot access global variable (\w+)")
+_HELPER_CALL = re.compile(r"\b(print_if|breakpoint_if)\s*\(")
 
 
 def _interpreter_only_helper(chain) -> str | None:
@@ -1112,8 +1120,8 @@ def _interpreter_only_helper(chain) -> str | None:
     for exc in chain:
         text = str(exc)
         m = _UNSUPPORTED_FUNCTION.search(text)
-        if m and m.group(1) in INTERPRETER_ONLY_HELPERS:
-            return m.group(1)
+        if m and (m.group(1) or m.group(2)) in INTERPRETER_ONLY_HELPERS:
+            return m.group(1) or m.group(2)
         if "print_if/breakpoint_if read program ids in interpreter mode only" in text:
             return "breakpoint_if" if "breakpoint_if(" in text else "print_if"
     return None

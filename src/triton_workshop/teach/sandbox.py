@@ -178,6 +178,10 @@ class ChildRun(threading.Thread):
         self.events, self.env, self.memcheck, self.time_limit = events, env, memcheck, time_limit
         self.done: dict[str, bool] = {}
         self.proc: subprocess.Popen | None = None
+        # Where the child's output goes: our stdout as it is now. Lines relayed late (a child
+        # killed mid-case) must not land in a stdout restored since (``workshop progress``
+        # silences it only while it checks).
+        self.out = sys.stdout
         self.stopped = False
 
     def put(self, **event):
@@ -208,7 +212,7 @@ class ChildRun(threading.Thread):
                                          stdout=subprocess.PIPE, stderr=stderr)
         finally:
             os.close(write_fd)
-        relay = threading.Thread(target=_relay, args=(self.proc.stdout,), daemon=True)
+        relay = threading.Thread(target=_relay, args=(self.proc.stdout, self.out), daemon=True)
         relay.start()
         current, started, finished, buffer = None, time.monotonic(), False, b""
         try:
@@ -269,11 +273,16 @@ class ChildRun(threading.Thread):
             self.proc.wait()
 
 
-def _relay(stream) -> None:
+def _relay(stream, out) -> None:
     """The child's own output (a learner's print_if) goes to ours."""
     for line in iter(stream.readline, b""):
-        sys.stdout.write(line.decode(errors="replace"))
-        sys.stdout.flush()
+        if out is None:
+            continue  # still read: a child blocked on a full pipe would hang
+        try:
+            out.write(line.decode(errors="replace"))
+            out.flush()
+        except ValueError:  # that stream was closed meanwhile (a test's capture): drop the rest
+            out = None
 
 
 def _child_env(interpret: bool) -> dict:
