@@ -671,3 +671,66 @@ def test_fast_launch_is_off_in_the_interpreter():
         assert "interpreter" in launch.FastLaunch(add_kernel).reason
     else:
         assert launch.FAST_LAUNCH is (os.environ.get("TRITON_WORKSHOP_FAST_LAUNCH", "1") != "0")
+
+
+# --------------------------------------------------------------------------------------------
+# Autotuning: the candidates compile in parallel before they are timed.
+# --------------------------------------------------------------------------------------------
+def test_tuner_compiles_every_candidate_before_timing_the_first(sm90, monkeypatch, tmp_path):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    configs = [triton.Config({"BLOCK": b}, num_warps=w) for b, w in ((32, 1), (64, 2), (128, 4))]
+    jit = sm90.jit(_axpy)
+    compiled_when_timed = []
+
+    def timing(kernel_call, quantiles=None, **kwargs):
+        compiled_when_timed.append(sum(len(cache[0]) for cache in jit.device_caches.values()))
+        kernel_call()
+        block = sm90.launches[-1].kernel_args[4]
+        return [float(block)] * 3  # the smallest block "wins"
+
+    tuner = triton.autotune(configs=configs, key=["n"], do_bench=timing, cache_results=True)(jit)
+    tuner = launch.parallel_compile_tuner(tuner)
+    assert isinstance(tuner, triton.runtime.autotuner.Autotuner)
+    tuner.cache_results = True  # as on a GPU (Triton turns it off in interpreter mode)
+    x, y, out = _tensors(1000)
+    grid = lambda meta: (runtime.cdiv(1000, meta["BLOCK"]),)  # noqa: E731
+    tuner[grid](x, y, out, 1000)
+    assert compiled_when_timed == [3, 3, 3]  # all three were ready before the first timing
+    assert tuner.best_config.kwargs == {"BLOCK": 32}
+    assert sm90.launches[-1].grid == (32, 1, 1)
+    # A new process would find the result on disk: a fresh tuner over the same kernel times nothing.
+    again = launch.parallel_compile_tuner(triton.autotune(
+        configs=configs, key=["n"], do_bench=lambda *a, **k: pytest.fail("timed again"),
+        cache_results=True)(jit))
+    again.cache_results = True
+    again[grid](x, y, out, 1000)
+    assert again.best_config.kwargs == {"BLOCK": 32}
+
+
+def test_without_a_disk_cache_the_candidates_compile_when_pruned(sm90):
+    jit = sm90.jit(_axpy)
+    counts = []
+
+    def timing(kernel_call, quantiles=None, **kwargs):
+        counts.append(sum(len(cache[0]) for cache in jit.device_caches.values()))
+        kernel_call()
+        return [1.0] * 3
+
+    configs = [triton.Config({"BLOCK": b}) for b in (32, 64)]
+    tuner = launch.parallel_compile_tuner(triton.autotune(configs=configs, key=["n"], do_bench=timing)(jit))
+    tuner.cache_results = False
+    x, y, out = _tensors(100)
+    tuner[lambda meta: (runtime.cdiv(100, meta["BLOCK"]),)](x, y, out, 100)
+    assert counts == [2, 2]
+
+
+def test_compile_ahead_is_only_a_head_start(sm90):
+    # A candidate that cannot compile does not stop the others; nothing raises here.
+    jit = sm90.jit(_axpy)
+    tuner = triton.autotune(configs=[triton.Config({"BLOCK": 64}), triton.Config({"BLOCK": 48})],
+                            key=["n"])(jit)
+    x, y, out = _tensors(100)
+    tuner.nargs = dict(zip(tuner.arg_names, (x, y, out, 100)))
+    assert launch.compile_ahead(tuner, tuner.configs, {"grid": (1,), "warmup": False}) == 2
+    blocks = {k for cache in jit.device_caches.values() for k in cache[0]}
+    assert len(blocks) == 1  # BLOCK = 48 is not a power of two: only 64 compiled

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import mode
+from . import launch, mode
 
 # --------------------------------------------------------------------------------------------
 # Host-side integer helpers. triton.cdiv / triton.next_power_of_2 work too, but newer Triton
@@ -67,7 +67,20 @@ def autotune(configs: Sequence[triton.Config], key: Sequence[str], **kwargs):
     # the compiles. Triton releases without the option tune again in each process.
     if "cache_results" in _AUTOTUNE_PARAMETERS:
         kwargs.setdefault("cache_results", True)
-    return triton.autotune(configs=configs, key=list(key), **kwargs)
+    # Timing a candidate: fewer repetitions than Triton's default (25 ms warm-up, 100 ms of runs),
+    # still hundreds of runs of a kernel of tens of microseconds; a cold model start times dozens.
+    if "do_bench" in _AUTOTUNE_PARAMETERS:
+        kwargs.setdefault("do_bench", _quick_timing)
+    decorate = triton.autotune(configs=configs, key=list(key), **kwargs)
+    if mode.INTERPRET or len(configs) < 2:
+        return decorate
+    return lambda fn: launch.parallel_compile_tuner(decorate(fn))
+
+
+def _quick_timing(kernel_call, quantiles=None, **kwargs):
+    from triton.testing import do_bench
+
+    return do_bench(kernel_call, warmup=10, rep=40, quantiles=quantiles)
 
 
 _AUTOTUNE_PARAMETERS = frozenset(inspect.signature(triton.autotune).parameters)
