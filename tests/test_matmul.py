@@ -845,10 +845,14 @@ def test_tma_picked_only_for_large_products_on_hopper(monkeypatch):
         return
     monkeypatch.setattr(matmul_module, "_is_hopper", lambda index: True)
     assert not use_tma(a, b, out, "ieee", tuning)  # 1 tile: matmul_kernel's small tiles
-    big_a = a.new_empty(4096, 512)
-    big_b = a.new_empty(512, 4096)
+    big_a = a.new_empty(4096, 1024)
+    big_b = a.new_empty(1024, 4096)
     big_out = a.new_empty(4096, 4096)
     assert use_tma(big_a, big_b, big_out, "ieee", tuning)
+    # Below tma_min_volume (2**34 = 4096 x 4096 x 1024) the descriptors' host time is not earned back.
+    mid_a, mid_b = a.new_empty(4096, 512), a.new_empty(512, 4096)
+    assert not use_tma(mid_a, mid_b, big_out, "ieee", tuning)
+    assert use_tma(mid_a, mid_b, big_out, "ieee", dataclasses.replace(tuning, tma_min_volume=0))
     assert not matmul_module._use_tma(big_a, big_b, big_out, "ieee", tuning)  # traced
     # A wave of the tuning's tiles is what counts: 4096x4096 in 2048-wide tiles is 4 of them.
     wide = dataclasses.replace(tuning, tma_block_m=2048, tma_block_n=2048)

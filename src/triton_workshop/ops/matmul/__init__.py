@@ -60,8 +60,15 @@ class MatmulTuning:
     align_operands: bool = not runtime.INTERPRET
     #: Whether 2-D fp16/bf16 products run through :func:`matmul_tma_kernel`: None picks it on
     #: Hopper GPUs (compute capability 9.x, where it was measured) for products of at least a wave
-    #: of tiles; True always (tests force it in the interpreter), False never.
+    #: of tiles and at least ``tma_min_volume``; True always (tests force it in the interpreter),
+    #: False never.
     tma_matmul: bool | None = None
+    #: With ``tma_matmul=None``, the smallest product (M*N*K) that takes the TMA kernel. Its
+    #: descriptors cost about as much host time again as the rest of a call (built and encoded
+    #: for each call's tensors, docs/results.md "session 9"), which only a product running
+    #: longer than that can earn back; below, matmul_kernel (a model's many mid-size products,
+    #: where the host's time per call is what limits an eager step).
+    tma_min_volume: int = 2**34
     #: matmul_tma_kernel's config (not autotuned: a persistent grid is the SM count whatever the
     #: config, and this one won or tied at every shape measured; docs/kernels/matmul.md).
     #: 128x256x64 tiles, 3 stages: three stages of operands plus the output tile staged for its
@@ -363,6 +370,8 @@ def _use_tma(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, precision: str
         if runtime.INTERPRET or a.device.type != "cuda" or not _is_hopper(a.device.index or 0):
             return False
         M, N = out.shape
+        if M * N * a.shape[1] < tuning.tma_min_volume:
+            return False
         tiles = runtime.cdiv(M, tuning.tma_block_m) * runtime.cdiv(N, tuning.tma_block_n)
         if tiles < runtime.num_sms(a.device) or a.shape[1] < 4 * tuning.tma_block_k:
             return False
