@@ -143,9 +143,27 @@ class _Sm90:
         return [_Launch(a) for a in self.driver.launches]
 
 
+# triton.language as it is before any kernel has run in the interpreter. A call of a jit function
+# outside a kernel's run (InterpretedFunction.__call__, Triton 3.6-3.9) patches triton.language
+# for the interpreter and never restores it; a real compile after that fails in the code
+# generator, whenever a test in this process ran such a call first and the Triton cache is cold.
+_LANGUAGE = (tl, tl.core, tl.core.tensor, tl.math, tl.core.tensor_descriptor_base)
+_PRISTINE = [(obj, dict(vars(obj))) for obj in _LANGUAGE]
+
+
+def _restore_language(monkeypatch) -> None:
+    for obj, attrs in _PRISTINE:
+        for name in set(vars(obj)) - set(attrs):
+            monkeypatch.delattr(obj, name)
+        for name, value in attrs.items():
+            if vars(obj).get(name, _PRISTINE) is not value:
+                monkeypatch.setattr(obj, name, value)
+
+
 @pytest.fixture
 def sm90(monkeypatch):
     """Real Triton objects compiled for sm_90, launched against :class:`_RecordingDriver`."""
+    _restore_language(monkeypatch)
     driver = _RecordingDriver()
     monkeypatch.setattr(triton_driver, "_active", driver)
     # Where Triton was imported before this package chose interpreter mode, launch routed every
