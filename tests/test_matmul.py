@@ -328,6 +328,17 @@ def test_bad_linear_inputs():
         linear(x, w.half())
     with pytest.raises(ValueError, match="^bias must have shape"):
         linear(x, w, rand(5))
+    # linear checks its own arguments before going straight to the op: the same errors as matmul.
+    with pytest.raises(ValueError, match="^bias must have 1 dimensions"):
+        linear(x, w, rand(1, 4))
+    with pytest.raises(TypeError, match="^bias must have dtype"):
+        linear(x, w, torch.ones(4, dtype=torch.int32))
+    with pytest.raises(TypeError, match="^bias must be a torch.Tensor"):
+        linear(x, w, [0.0] * 4)
+    with pytest.raises(ValueError, match="^activation must be one of"):
+        linear(x, w, activation="tanh")
+    with pytest.raises(TypeError, match="^leaky_relu_slope must be a float"):
+        linear(x, w, activation="leaky_relu", leaky_relu_slope="0.1")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device next to the CPU")

@@ -37,9 +37,8 @@ def check_tensor(
 
 def check_kernel_device(t: torch.Tensor, name: str) -> None:
     """On the GPU a kernel reads CUDA memory only; the interpreter reads CPU and CUDA tensors."""
-    if t.device.type == "cuda":
-        return
-    if mode.INTERPRET and t.device.type == "cpu":
+    # The flags, not t.device: building a torch.device costs more than the check (every call).
+    if t.is_cuda or (mode.INTERPRET and t.is_cpu):
         return
     where = "a CUDA device" if not mode.INTERPRET else "the CPU or a CUDA device"
     hint = " (move it with .cuda())" if t.device.type == "cpu" else ""
@@ -52,7 +51,10 @@ def check_same_device(**tensors: torch.Tensor) -> None:
     if not items:
         return
     first_name, first = items[0]
+    first_index = first.get_device()  # an int (-1 off CUDA): cheaper than comparing devices
     for name, t in items[1:]:
+        if t.get_device() == first_index and t.is_cuda == first.is_cuda and first_index >= 0:
+            continue
         if t.device != first.device:
             raise ValueError(
                 f"{name} is on {t.device} but {first_name} is on {first.device}: "

@@ -214,9 +214,11 @@ def _is_aligned(t: torch.Tensor) -> bool:
     if dim is None or (t.storage_offset() * t.element_size()) % 16 != 0:
         return False
     contiguous = t.dim() + dim
-    return all(
-        t.stride(d) % _STRIDE_UNIT == 0 for d in range(t.dim()) if d != contiguous and t.shape[d] > 1
-    )
+    shape, strides = t.shape, t.stride()
+    for d in range(t.dim()):  # a loop, not all(<generator>): this runs several times a call
+        if d != contiguous and shape[d] > 1 and strides[d] % _STRIDE_UNIT != 0:
+            return False
+    return True
 
 
 @runtime.plan_cache()
@@ -259,13 +261,13 @@ def _aligned(t: torch.Tensor, contiguous_dim: int | None = None,
     return view if dim == -1 else view.transpose(-1, -2)
 
 
-def _grain(t: torch.Tensor, dim: int) -> int:
+def _grain(t: torch.Tensor, dim: int, aligned: bool | None = None) -> int:
     """How far matmul_kernel may read past the end of ``t``'s dim ``dim``: to a whole number of
     16-byte vectors, in elements, where ``dim`` is the contiguous dim of an aligned operand (the
     compiler reads such vectors along it, so wrapping or masking at a finer grain would misalign
     them or break them up); 1, nothing past the end, elsewhere. Those reads stay within the last
     16-byte sector of the row, or its padding."""
-    if t.shape[dim] > 1 and t.stride(dim) == 1 and _is_aligned(t):
+    if t.shape[dim] > 1 and t.stride(dim) == 1 and (_is_aligned(t) if aligned is None else aligned):
         return 16 // t.element_size()
     return 1
 
@@ -312,6 +314,8 @@ def launch_matmul(
     int32_tile_offsets = tuning.int32_tile_offsets and bool(
         MAX_BLOCK * (out.stride(-2) + out.stride(-1)) < 2**31)
 
+    a_aligned, b_aligned = _is_aligned(a), _is_aligned(b)  # once each, for the four grains
+
     def grid(meta):
         return (batch * triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
 
@@ -327,8 +331,8 @@ def launch_matmul(
             bias.stride(0) if bias is not None else 0,
             slope,
             runtime.bucket(M), runtime.bucket(N), runtime.bucket(K),
-            A_M_GRAIN=_grain(a, -2), A_K_GRAIN=_grain(a, -1),
-            B_K_GRAIN=_grain(b, -2), B_N_GRAIN=_grain(b, -1),
+            A_M_GRAIN=_grain(a, -2, a_aligned), A_K_GRAIN=_grain(a, -1, a_aligned),
+            B_K_GRAIN=_grain(b, -2, b_aligned), B_N_GRAIN=_grain(b, -1, b_aligned),
             INT32_TILE_OFFSETS=int32_tile_offsets,
             HAS_BIAS=bias is not None,
             ACTIVATION=activation,
@@ -497,8 +501,10 @@ def _matmul_backward(ctx, grad):
     a, b, bias, out = ctx.saved_tensors
     grad_z = _preactivation_grad(ctx, grad, a, b, bias, out)
     grad_a = grad_b = grad_bias = None
+    # The op itself, not the public matmul: these operands are the forward's, already checked,
+    # and the checks would run again on autograd's device thread, where Python costs the most.
     if ctx.needs_input_grad[0]:
-        grad_a = matmul(grad_z, b.transpose(-1, -2)).sum_to_size(a.shape)
+        grad_a = _matmul(grad_z, b.transpose(-1, -2), None, "none", 0.0).sum_to_size(a.shape)
     if ctx.needs_input_grad[1]:
         if b.dim() == 2 and a.dim() == 3:
             # b was shared by every batch: one (K, B*M) @ (B*M, N) product sums over the batch
@@ -506,9 +512,9 @@ def _matmul_backward(ctx, grad):
             # Explicit row counts: reshape(-1, 0) is ambiguous when K or N is 0.
             K, N = b.shape
             rows = a.shape[0] * a.shape[1]
-            grad_b = matmul(a.reshape(rows, K).t(), grad_z.reshape(rows, N))
+            grad_b = _matmul(a.reshape(rows, K).t(), grad_z.reshape(rows, N), None, "none", 0.0)
         else:
-            grad_b = matmul(a.transpose(-1, -2), grad_z).sum_to_size(b.shape)
+            grad_b = _matmul(a.transpose(-1, -2), grad_z, None, "none", 0.0).sum_to_size(b.shape)
     if bias is not None and ctx.needs_input_grad[2]:
         rows = tuple(range(grad_z.dim() - 1))
         grad_bias = grad_z.sum(dim=rows, dtype=torch.float32).to(bias.dtype)
@@ -554,11 +560,13 @@ def _check_matmul_args(a, b, bias, activation, leaky_relu_slope) -> str:
                 f"batch sizes differ: a has batch {a.shape[0]} but b has batch {b.shape[0]} "
                 "(they must be equal, or one of them 1)"
             )
-    if bias is not None and bias.shape[0] != b.shape[-1]:
-        raise ValueError(
-            f"bias must have shape (N,) = ({b.shape[-1]},) to match b, got {tuple(bias.shape)}"
-        )
+    _check_bias_shape(bias, b.shape[-1])
     return check_activation(activation, leaky_relu_slope)
+
+
+def _check_bias_shape(bias, n: int) -> None:
+    if bias is not None and bias.shape[0] != n:
+        raise ValueError(f"bias must have shape (N,) = ({n},) to match b, got {tuple(bias.shape)}")
 
 
 @runtime.follows_autocast(_matmul)
@@ -610,13 +618,17 @@ def linear(
             f"(weight is (out_features, in_features) = {tuple(weight.shape)})"
         )
     runtime.check_same_dtype(x=x, weight=weight)
+    if bias is not None:
+        runtime.check_tensor(bias, "bias", dtypes=_BIAS_DTYPES, ndim=1)
+    runtime.check_same_device(x=x, weight=weight, bias=bias)
+    _check_bias_shape(bias, weight.shape[0])
+    op_activation = check_activation(activation, leaky_relu_slope)
     if x.dim() == 1:
         rows = x[None]
     elif x.dim() == 3 and x.shape[0] > 1 and x.shape[1] > 1 and x.stride(0) != x.stride(1) * x.shape[1]:
         rows = x  # flattening would copy
     else:
         rows = x.flatten(0, -2)
-    out = matmul(
-        rows, weight.t(), bias=bias, activation=activation, leaky_relu_slope=leaky_relu_slope
-    )
+    # Checked above: straight to the op (matmul's own checks would repeat these, on every call).
+    out = _matmul(rows, weight.t(), bias, op_activation, float(leaky_relu_slope))
     return out.reshape(*x.shape[:-1], weight.shape[0])
