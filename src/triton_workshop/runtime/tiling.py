@@ -12,6 +12,7 @@ from typing import Sequence
 import torch
 import triton
 import triton.language as tl
+import triton.testing
 
 from . import launch, mode
 
@@ -35,6 +36,10 @@ def next_power_of_2(n):
 # --------------------------------------------------------------------------------------------
 # Tuning.
 # --------------------------------------------------------------------------------------------
+#: What the installed Triton's ``triton.autotune`` accepts (options arrived across releases).
+_AUTOTUNE_PARAMETERS = frozenset(inspect.signature(triton.autotune).parameters)
+
+
 def _no_timing(kernel_call, quantiles=None, **kwargs):
     """do_bench for a single candidate: no run, equal timings (the real launch follows)."""
     return [0.0, 0.0, 0.0] if quantiles is not None else 0.0
@@ -60,7 +65,7 @@ def autotune(configs: Sequence[triton.Config], key: Sequence[str], **kwargs):
                 early(cfgs, named_args, **kw))[:1]
             kwargs["prune_configs_by"] = prune
             # Triton before ~3.7 still times a lone pruned config; nothing to compare it with.
-            if "do_bench" in inspect.signature(triton.autotune).parameters:
+            if "do_bench" in _AUTOTUNE_PARAMETERS:
                 kwargs.setdefault("do_bench", _no_timing)
     # Tuning results kept on disk beside Triton's compiled kernels (keyed by the kernel's source,
     # the configs and the tuning key): a model's second run skips the benchmarking, not only
@@ -78,12 +83,7 @@ def autotune(configs: Sequence[triton.Config], key: Sequence[str], **kwargs):
 
 
 def _quick_timing(kernel_call, quantiles=None, **kwargs):
-    from triton.testing import do_bench
-
-    return do_bench(kernel_call, warmup=10, rep=40, quantiles=quantiles)
-
-
-_AUTOTUNE_PARAMETERS = frozenset(inspect.signature(triton.autotune).parameters)
+    return triton.testing.do_bench(kernel_call, warmup=10, rep=40, quantiles=quantiles)
 
 
 def num_sms(device: torch.device | None = None) -> int:
