@@ -5,9 +5,13 @@ that the matmul-based tests plant where a kernel may read but must never let rea
 from __future__ import annotations
 
 import gc
+import importlib.util
+from pathlib import Path
 
 import pytest
 import torch
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -76,3 +80,27 @@ def planned_launches(monkeypatch):
 def in_nan_storage():
     """:func:`_in_nan_storage`, for tests of kernels that read past the edges they are given."""
     return _in_nan_storage
+
+
+# --------------------------------------------------------------------------------------------
+# The examples/ scripts (tests/test_examples.py, tests/test_distributed.py).
+# --------------------------------------------------------------------------------------------
+def load_example(name: str):
+    """``examples/<name>.py`` as a module (the scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def ieee_fp32():
+    """TF32 off for the test (torch's products and ours), so that runs compared step for step
+    differ only in summation order."""
+    from triton_workshop.ops.matmul import tf32_enabled
+
+    before = tf32_enabled(), torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before

@@ -19,7 +19,6 @@ import contextlib
 import datetime
 import gc
 import importlib
-import importlib.util
 import json
 import os
 import pkgutil
@@ -34,9 +33,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import triton_workshop  # noqa: F401  (decides interpreter-or-GPU before the kernels import)
-from triton_workshop.ops.matmul import tf32_enabled
+from conftest import EXAMPLES, load_example
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 ON_GPU = torch.cuda.is_available() and not triton_workshop.INTERPRET
 TWO_GPUS = ON_GPU and torch.cuda.device_count() >= 2
 needs_two_gpus = pytest.mark.skipif(
@@ -63,20 +61,8 @@ GPU_ARGS = ["--device", "cuda", "--no-amp", "--layers", "2", "--heads", "4", "--
             "--seq", "128", "--batch", "8", "--vocab", "512", "--lr", "1e-3", "--steps", "4"]
 
 
-@pytest.fixture(autouse=True)
-def ieee_fp32():
-    before = tf32_enabled(), torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
-
-
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+pytestmark = pytest.mark.usefixtures("ieee_fp32")  # conftest.py
+load = load_example
 
 
 # --------------------------------------------------------------------------------------------

@@ -10,36 +10,21 @@ not; the patched run's losses must stay within the run-to-run noise of torch aga
 
 from __future__ import annotations
 
-import importlib.util
 import statistics
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 import triton_workshop  # noqa: F401  (decides interpreter-or-GPU before the kernels import)
-from triton_workshop.ops.matmul import tf32_enabled
+from conftest import EXAMPLES, load_example
 from triton_workshop.runtime import DEVICE
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-@pytest.fixture(autouse=True)
-def ieee_fp32():
-    before = tf32_enabled(), torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
-
-
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+pytestmark = pytest.mark.usefixtures("ieee_fp32")  # conftest.py
+load = load_example
 
 
 def run_both(name: str, *args: str) -> tuple[list[float], list[float]]:
