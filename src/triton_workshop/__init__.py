@@ -10,11 +10,14 @@ from .runtime import DEVICE, INTERPRET
 from .debug import cdiv, ceiling_divide, check_tensors_gpu_ready
 from .ops.attention import attention
 from .ops.conv import conv2d
+from .ops.cross_entropy import cross_entropy, linear_cross_entropy
 from .ops.elementwise import add, fused_mul_add_sqrt
+from .ops.glu import geglu, swiglu
 from .ops.image import FILTERS, filter2d, get_filter, greyscale, sepia
 from .ops.layer_norm import layer_norm
 from .ops.layer_norm_linear import layer_norm_linear
 from .ops.matmul import linear, matmul
+from .ops.rope import rope
 from .ops.softmax import softmax
 from . import nn
 
@@ -27,12 +30,14 @@ __all__ = [
     "add",
     "attention",
     "conv2d",
+    "cross_entropy",
     "filter2d",
     "get_filter",
     "greyscale",
     "layer_norm",
     "layer_norm_linear",
     "linear",
+    "linear_cross_entropy",
     "matmul",
     "nn",
     "sepia",
@@ -41,4 +46,7 @@ __all__ = [
     "ceiling_divide",
     "check_tensors_gpu_ready",
     "fused_mul_add_sqrt",
+    "geglu",
+    "rope",
+    "swiglu",
 ]

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 import triton.testing
 
-from . import launch, mode
+from . import launch, mode, tuned
 
 # --------------------------------------------------------------------------------------------
 # Host-side integer helpers. triton.cdiv / triton.next_power_of_2 work too, but newer Triton
@@ -79,10 +79,19 @@ def autotune(configs: Sequence[triton.Config], key: Sequence[str], **kwargs):
     decorate = triton.autotune(configs=configs, key=list(key), **kwargs)
     if mode.INTERPRET or len(configs) < 2:
         return decorate
-    return lambda fn: launch.parallel_compile_tuner(decorate(fn))
+
+    def tuned_kernel(fn):
+        # The shipped table first (runtime.tuned), then candidates compiled in parallel.
+        tuner = tuned.table_tuner(launch.parallel_compile_tuner(decorate(fn)))
+        tuned.register(tuner)
+        return tuner
+
+    return tuned_kernel
 
 
 def _quick_timing(kernel_call, quantiles=None, **kwargs):
+    if tuned.take_table_pick():  # the table named the one candidate: nothing to compare
+        return _no_timing(kernel_call, quantiles)
     return triton.testing.do_bench(kernel_call, warmup=10, rep=40, quantiles=quantiles)
 
 

@@ -1,0 +1,324 @@
+"""Rotary position embeddings: Hugging Face's ``apply_rotary_pos_emb``, forward and backward in
+Triton, q and k in one launch.
+
+    q_out = q * cos + rotate_half(q) * sin      (the same for k)
+
+with ``cos``/``sin`` broadcast after ``unsqueeze(unsqueeze_dim)``, partial rotary (``cos``
+narrower than a head: the rest passes through) and grouped-query attention (k with fewer heads).
+``convention`` picks the families whose ``apply_rotary_pos_emb`` pairs lanes or reads ``cos``
+differently (:data:`CONVENTIONS`).
+
+Host code: the tuning (:class:`RopeTuning`), the cached launch plans, the registered ops, the
+autograd and :func:`rope`. The kernel is in :mod:`.kernels`; why it is built as it is is in
+docs/kernels/rope.md.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from ... import runtime
+from ...runtime import FLOAT_DTYPES, LaunchPlan, num_warps_for, plan_cache, register_op
+from .kernels import rope_kernel
+
+
+class Convention(NamedTuple):
+    """How one family of transformers' ``apply_rotary_pos_emb`` rotates a head."""
+
+    #: Lanes ``2i``, ``2i + 1`` pair up (else lane ``d`` and ``d + R // 2``, ``rotate_half``).
+    interleaved: bool
+    #: ``cos``/``sin`` hold one value per pair (else one per lane).
+    cos_per_pair: bool
+    #: The rotated width ``R`` from the width of ``cos``.
+    rot_dim: "callable"
+    #: Both outputs in q's dtype (else each promoted with cos/sin, as torch's ``*`` does).
+    in_q_dtype: bool
+
+
+#: ``convention=`` -> what it computes, named after the transformers model whose
+#: ``apply_rotary_pos_emb`` it reproduces:
+#:
+#: * ``"llama"`` (the default): ``rotate_half``, ``cos`` as wide as the rotated lanes
+#:   (``cat(freqs, freqs)``); partial rotary as Phi-3, GPT-NeoX, StableLM, Qwen3-Next do it.
+#:   Llama, Mistral, Qwen2/3, Gemma, Phi-3, GPT-NeoX, OLMo, ... all compute this.
+#: * ``"gpt_oss"``: ``rotate_half`` with ``cos`` holding each frequency once (half a head wide;
+#:   gpt-oss's ``_apply_rotary_emb``).
+#: * ``"glm"``: adjacent lanes ``(2i, 2i + 1)`` rotate together, with frequency ``i`` read from
+#:   the first half of a Llama-layout ``cos`` (GLM, GLM-4; partial rotary too).
+#: * ``"cohere"``: adjacent lanes, ``cos`` already interleaved (``repeat_interleave(freqs, 2)``),
+#:   computed in fp32 and returned in q's dtype (Cohere).
+CONVENTIONS = {
+    "llama": Convention(False, False, lambda width: width, False),
+    "gpt_oss": Convention(False, True, lambda width: 2 * width, False),
+    "glm": Convention(True, True, lambda width: 2 * (width // 2), False),
+    "cohere": Convention(True, False, lambda width: width, True),
+}
+
+
+@dataclass(frozen=True)
+class RopeTuning:
+    """The launch decisions of rope: part of every plan's key."""
+
+    #: Elements of one tile of heads (``heads x next_power_of_2(head_dim)``): a token's 32 heads
+    #: of 128 lanes are one tile; more heads loop over tiles.
+    tile_elems: int = 4096
+
+
+#: The tuning every launch reads (at call time: a replaced object takes effect at once).
+TUNING = RopeTuning()
+
+
+# --------------------------------------------------------------------------------------------
+# Layout: every operand as (batch, token, head, lane), cos/sin as (batch, token, column).
+# --------------------------------------------------------------------------------------------
+def _head_index(q_ndim: int, cos_ndim: int, unsqueeze_dim: int) -> int:
+    """The dim of q (and k) that ``cos.unsqueeze(unsqueeze_dim)`` broadcasts over: the heads.
+    ``cos`` is aligned with q from the right, as torch broadcasts."""
+    return unsqueeze_dim % (cos_ndim + 1) + q_ndim - (cos_ndim + 1)
+
+
+def _as_tokens_heads(t: torch.Tensor, head: int) -> torch.Tensor:
+    """``t`` (3-D or 4-D) as a ``(batch, token, head, lane)`` view."""
+    t = t.movedim(head, -2)
+    return t.unsqueeze(0) if t.dim() == 3 else t
+
+
+def _as_tokens(cos: torch.Tensor, shape: torch.Size, head: int, unsqueeze_dim: int):
+    """``cos`` broadcast as ``unsqueeze(unsqueeze_dim)`` broadcasts it against ``shape`` (q's),
+    as a ``(batch, token, column)`` view: broadcast dims get stride 0, no copy."""
+    full = list(shape[:-1]) + [cos.shape[-1]]
+    full[head] = 1
+    return _as_tokens_heads(cos.unsqueeze(unsqueeze_dim).expand(full), head)[:, :, 0, :]
+
+
+def _out_dtype(x: torch.Tensor, q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               convention: str) -> torch.dtype:
+    """``x * cos + rotate_half(x) * sin`` promotes as torch does (bf16 q with fp32 cos: fp32);
+    Cohere's casts back to q's dtype."""
+    if CONVENTIONS[convention].in_q_dtype:
+        return q.dtype
+    return torch.promote_types(torch.promote_types(x.dtype, cos.dtype), sin.dtype)
+
+
+@plan_cache()
+def _plan(n_tokens: int, seq_len: int, n_q_heads: int, n_k_heads: int, head_dim: int,
+          rot_dim: int, strides: tuple, convention: str, backward: bool, dtypes: tuple,
+          tuning: RopeTuning) -> LaunchPlan:
+    """One program per token; each rotates all q heads, then all k heads, a tile of heads at a
+    time. ``dtypes`` (of every operand) is in the key: the prepared launches are compiled for
+    them."""
+    conv = CONVENTIONS[convention]
+    block_d = runtime.next_power_of_2(head_dim)
+    block_hq, block_hk = (max(1, min(runtime.next_power_of_2(h), tuning.tile_elems // block_d))
+                          for h in (n_q_heads, n_k_heads))
+    consts = dict(INTERLEAVED=conv.interleaved, COS_PER_PAIR=conv.cos_per_pair,
+                  BACKWARD=backward, BLOCK_HQ=block_hq, BLOCK_HK=block_hk, BLOCK_D=block_d,
+                  num_warps=num_warps_for(max(block_hq, block_hk) * block_d))
+    return LaunchPlan(rope_kernel, (n_tokens,),
+                      (seq_len, n_q_heads, n_k_heads, head_dim, rot_dim, *strides), consts)
+
+
+def _rotate(q, k, cos, sin, q_out, k_out, unsqueeze_dim: int, convention: str,
+            backward: bool) -> None:
+    """Launch the kernel: ``q_out``, ``k_out`` = q, k rotated (``backward``: rotated back)."""
+    head = _head_index(q.dim(), cos.dim(), unsqueeze_dim)
+    views = [_as_tokens_heads(t, head) for t in (q, k, q_out, k_out)]
+    batch, seq_len, n_q_heads, head_dim = views[0].shape
+    if batch * seq_len == 0 or head_dim == 0:
+        return
+    cos_v, sin_v = (_as_tokens(t, q.shape, head, unsqueeze_dim) for t in (cos, sin))
+    strides = tuple(s for v in (*views, cos_v, sin_v) for s in v.stride())
+    plan = _plan(batch * seq_len, seq_len, n_q_heads, views[1].shape[2], head_dim,
+                 CONVENTIONS[convention].rot_dim(cos.shape[-1]), strides, convention, backward,
+                 tuple(t.dtype for t in (q, k, cos, sin, q_out, k_out)), TUNING)
+    with runtime.device_guard(q):
+        plan.launch(views[0], views[1], cos_v, sin_v, views[2], views[3])
+
+
+# --------------------------------------------------------------------------------------------
+# Registered ops, autograd.
+# --------------------------------------------------------------------------------------------
+def _rope_outputs(q, k, cos, sin, convention):
+    # empty_like keeps q's strides where q is dense (the transposed views models pass): the
+    # kernel then writes in the order it reads.
+    return (torch.empty_like(q, dtype=_out_dtype(q, q, cos, sin, convention)),
+            torch.empty_like(k, dtype=_out_dtype(k, q, cos, sin, convention)))
+
+
+def _rope_forward_fake(q, k, cos, sin, unsqueeze_dim, convention):
+    return _rope_outputs(q, k, cos, sin, convention)
+
+
+# Not on torch's autocast lists (the model's rotation is mul/add/cat): dtypes as without.
+@register_op("rope_forward", fake=_rope_forward_fake)
+def rope_forward(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 unsqueeze_dim: int, convention: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(q_out, k_out)`` (arguments already checked by :func:`rope`)."""
+    q_out, k_out = _rope_outputs(q, k, cos, sin, convention)
+    _rotate(q, k, cos, sin, q_out, k_out, unsqueeze_dim, convention, backward=False)
+    return q_out, k_out
+
+
+def _rope_grads(dq_out, dk_out, q_dtype, k_dtype):
+    return (torch.empty_like(dq_out, dtype=q_dtype), torch.empty_like(dk_out, dtype=k_dtype))
+
+
+def _rope_backward_fake(dq_out, dk_out, cos, sin, unsqueeze_dim, convention, q_dtype, k_dtype):
+    return _rope_grads(dq_out, dk_out, q_dtype, k_dtype)
+
+
+@register_op("rope_backward", fake=_rope_backward_fake)
+def rope_backward(dq_out: torch.Tensor, dk_out: torch.Tensor, cos: torch.Tensor,
+                  sin: torch.Tensor, unsqueeze_dim: int, convention: str, q_dtype: torch.dtype,
+                  k_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(dq, dk)``: the outputs' gradients rotated back (by ``-sin``), in q's and k's dtypes."""
+    dq, dk = _rope_grads(dq_out, dk_out, q_dtype, k_dtype)
+    _rotate(dq_out, dk_out, cos, sin, dq, dk, unsqueeze_dim, convention, backward=True)
+    return dq, dk
+
+
+def _rope_setup_context(ctx, inputs, output):
+    q, k, cos, sin, unsqueeze_dim, convention = inputs
+    ctx.unsqueeze_dim, ctx.convention = unsqueeze_dim, convention
+    ctx.q_dtype, ctx.k_dtype = q.dtype, k.dtype
+    # q and k only where cos/sin want a gradient (never in transformers' models).
+    needs_x = ctx.needs_input_grad[2] or ctx.needs_input_grad[3]
+    ctx.save_for_backward(cos, sin, q if needs_x else None, k if needs_x else None)
+
+
+def _rope_backward_autograd(ctx, dq_out, dk_out):
+    cos, sin, q, k = ctx.saved_tensors
+    need_q, need_k, need_cos, need_sin = ctx.needs_input_grad[:4]
+    dq = dk = dcos = dsin = None
+    if need_q or need_k:
+        dq, dk = rope_backward(dq_out, dk_out, cos, sin, ctx.unsqueeze_dim, ctx.convention,
+                               ctx.q_dtype, ctx.k_dtype)
+    if need_cos or need_sin:
+        dcos, dsin = _cos_sin_grads((dq_out, dk_out), (q, k), cos, sin, ctx.unsqueeze_dim,
+                                    ctx.convention)
+    return (dq if need_q else None, dk if need_k else None, dcos if need_cos else None,
+            dsin if need_sin else None, None, None)
+
+
+rope_forward.register_autograd(_rope_backward_autograd, setup_context=_rope_setup_context)
+
+
+def _cos_sin_grads(grads, inputs, cos, sin, unsqueeze_dim, convention):
+    """``(dcos, dsin)`` in torch ops (a path no transformers model takes: its cos/sin never
+    require grad): each lane's ``g * x`` (for cos) and ``g * sign * x[partner]`` (for sin),
+    summed into the column the lane reads and over every dim cos/sin were broadcast over."""
+    conv = CONVENTIONS[convention]
+    width = cos.shape[-1]
+    rot_dim = conv.rot_dim(width)
+    lanes = torch.arange(rot_dim, device=cos.device)
+    half = rot_dim // 2
+    if conv.interleaved:
+        first, partner, pair = lanes % 2 == 0, lanes ^ 1, lanes // 2
+    else:
+        first = lanes < rot_dim - half
+        partner = torch.where(first, lanes + half, lanes - (rot_dim - half))
+        pair = torch.where(first, lanes, lanes - (rot_dim - half))
+    column = pair if conv.cos_per_pair else lanes
+    sign = torch.where(first, -1.0, 1.0)
+    cos_u_shape = cos.unsqueeze(unsqueeze_dim).shape
+    dcos = dsin = 0
+    for g, x in zip(grads, inputs):
+        g = g[..., :rot_dim].float()
+        x = x[..., :rot_dim].float()
+        per_lane = (g * x, g * x.index_select(-1, partner) * sign)
+        per_column = [torch.zeros((*t.shape[:-1], width), dtype=t.dtype, device=t.device)
+                      .index_add_(-1, column, t).sum_to_size(cos_u_shape) for t in per_lane]
+        dcos, dsin = dcos + per_column[0], dsin + per_column[1]
+    return dcos.view(cos.shape).to(cos.dtype), dsin.view(sin.shape).to(sin.dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# Public function.
+# --------------------------------------------------------------------------------------------
+def _check_args(q, k, cos, sin, unsqueeze_dim, convention) -> None:
+    for name, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
+        runtime.check_tensor(t, name, dtypes=FLOAT_DTYPES)
+    runtime.check_same_device(q=q, k=k, cos=cos, sin=sin)
+    if not isinstance(convention, str):
+        raise TypeError(f"convention must be a str, got {type(convention).__name__}")
+    if convention not in CONVENTIONS:
+        raise ValueError(f"convention must be one of {list(CONVENTIONS)}, got {convention!r}")
+    if q.dim() not in (3, 4):
+        raise ValueError(f"q must have 3 or 4 dimensions ((batch,) heads and tokens, head_dim), "
+                         f"got shape {tuple(q.shape)}")
+    if k.dim() != q.dim():
+        raise ValueError(f"k must have as many dimensions as q ({q.dim()}), got shape "
+                         f"{tuple(k.shape)}")
+    if k.shape[-1] != q.shape[-1]:
+        raise ValueError(f"k must have q's head_dim {q.shape[-1]}, got shape {tuple(k.shape)}")
+    if cos.shape != sin.shape:
+        raise ValueError(f"cos and sin must have the same shape, got cos {tuple(cos.shape)} "
+                         f"and sin {tuple(sin.shape)}")
+    if cos.dim() == 0 or cos.dim() + 1 > q.dim():
+        raise ValueError(f"cos must have 1 to {q.dim() - 1} dimensions (q has {q.dim()}), got "
+                         f"shape {tuple(cos.shape)}")
+    if isinstance(unsqueeze_dim, bool):
+        raise TypeError("unsqueeze_dim must be an int, got bool")
+    try:
+        unsqueeze_dim = operator.index(unsqueeze_dim)
+    except TypeError:
+        raise TypeError(f"unsqueeze_dim must be an int, got {type(unsqueeze_dim).__name__}") \
+            from None
+    if not -(cos.dim() + 1) <= unsqueeze_dim <= cos.dim():
+        raise ValueError(f"unsqueeze_dim must be in [{-(cos.dim() + 1)}, {cos.dim()}] for cos "
+                         f"of shape {tuple(cos.shape)}, got {unsqueeze_dim}")
+    head = _head_index(q.dim(), cos.dim(), unsqueeze_dim)
+    if head == q.dim() - 1:
+        raise ValueError(f"unsqueeze_dim {unsqueeze_dim} makes cos broadcast over q's last "
+                         f"(head_dim) dimension; it must name q's heads dimension")
+    cos_u = list(cos.shape[:-1])
+    cos_u.insert(unsqueeze_dim % (cos.dim() + 1), 1)
+    for name, x in (("q", q), ("k", k)):
+        try:
+            fits = torch.broadcast_shapes(tuple(cos_u), x.shape[:-1]) == x.shape[:-1]
+        except RuntimeError:
+            fits = False
+        if not fits:
+            raise ValueError(
+                f"cos and sin of shape {tuple(cos.shape)}, unsqueezed at {unsqueeze_dim}, must "
+                f"broadcast to {name}'s shape {tuple(x.shape)} (all but the last dimension)")
+    q_tokens = [n for i, n in enumerate(q.shape[:-1]) if i != head]
+    k_tokens = [n for i, n in enumerate(k.shape[:-1]) if i != head]
+    if q_tokens != k_tokens:
+        raise ValueError(f"q and k must have the same batch and token dimensions (they may differ "
+                         f"in heads only), got q {tuple(q.shape)} and k {tuple(k.shape)}")
+    conv = CONVENTIONS[convention]
+    rot_dim = conv.rot_dim(cos.shape[-1])
+    if rot_dim > q.shape[-1]:
+        raise ValueError(f"cos and sin of width {cos.shape[-1]} rotate {rot_dim} lanes with "
+                         f"convention {convention!r}, more than q's head_dim {q.shape[-1]}")
+    if conv.interleaved and rot_dim % 2:
+        raise ValueError(f"convention {convention!r} rotates lane pairs: cos and sin must have "
+                         f"an even width, got {cos.shape[-1]}")
+
+
+def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *,
+         unsqueeze_dim: int = 1, convention: str = "llama") -> tuple[torch.Tensor, torch.Tensor]:
+    """``(q_rotated, k_rotated)``: what transformers' ``apply_rotary_pos_emb(q, k, cos, sin,
+    unsqueeze_dim)`` computes, in one Triton kernel for q and k together.
+
+    * ``q``, ``k``: ``(batch, heads, tokens, head_dim)`` with ``unsqueeze_dim=1`` or ``(batch,
+      tokens, heads, head_dim)`` with ``unsqueeze_dim=2`` (or without the batch dim); k may have
+      fewer heads (grouped-query attention); any strides.
+    * ``cos``, ``sin``: ``(batch, tokens, rot)`` or ``(tokens, rot)`` as transformers' rotary
+      modules build them, broadcast after ``unsqueeze(unsqueeze_dim)``. ``rot < head_dim`` is
+      partial rotary: the last ``head_dim - rot`` lanes pass through unchanged (Phi-3, GPT-NeoX).
+    * ``convention``: ``"llama"`` (rotate_half; most models), ``"gpt_oss"``, ``"glm"`` or
+      ``"cohere"`` (see :data:`CONVENTIONS`).
+
+    fp16/bf16/fp32, mixed as torch promotes them (bf16 q with fp32 cos gives fp32, as in
+    transformers); fp32 arithmetic rounded once (transformers rounds each product and the sum
+    in the output dtype: the results agree to an ulp or two of fp16/bf16). Differentiable: the
+    gradient of q and k is the rotation by ``-sin``; cos and sin get theirs too where they
+    require one. Traceable by ``torch.compile``."""
+    _check_args(q, k, cos, sin, unsqueeze_dim, convention)
+    return rope_forward(q, k, cos, sin, operator.index(unsqueeze_dim), convention)

@@ -1,0 +1,591 @@
+"""cross_entropy and linear_cross_entropy against F.cross_entropy computed in float64: values and
+gradients (input, weight, bias), every reduction, ignore_index, label smoothing, dtypes, strides.
+
+The kernels stream a row of logits ``chunk_cols`` at a time and linear_cross_entropy takes the
+tokens ``chunk_rows`` at a time; the ``path`` fixture replaces the module's ``TUNING`` so that
+small shapes cross many column chunks and several token chunks (ragged last ones) on the CPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import triton_workshop  # noqa: F401  (decides interpreter-or-GPU before the kernels import)
+from triton_workshop.ops import cross_entropy as ce_ops
+from triton_workshop.ops.cross_entropy import chunk_rows, cross_entropy, linear_cross_entropy
+from triton_workshop.runtime import DEVICE, INTERPRET
+
+#: (rtol, atol relative to the largest |reference| value) by the dtype of the result.
+TOLERANCES = {
+    torch.float32: (2e-5, 2e-6),
+    torch.float16: (2e-3, 2e-3),
+    torch.bfloat16: (1.6e-2, 1.6e-2),
+}
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+REDUCTIONS = ["mean", "sum", "none"]
+NAN = float("nan")
+gpu_only = pytest.mark.skipif(INTERPRET, reason="needs a CUDA device")
+
+
+@pytest.fixture(params=["one_chunk", "chunked"])
+def path(request, monkeypatch):
+    """"chunked": rows streamed 64 columns a step (1000 columns take 16 steps, the last ragged)
+    and linear_cross_entropy's chunks of logits cut to 4 tokens of up to 64 classes of fp32."""
+    if request.param == "chunked":
+        monkeypatch.setattr(ce_ops, "TUNING", dataclasses.replace(
+            ce_ops.TUNING, chunk_cols=64, logits_chunk_bytes=4 * 64 * 4))
+    return request.param
+
+
+def _randn(*shape, dtype=torch.float32, seed=0, scale=1.0):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    return (torch.randn(shape, generator=g, dtype=torch.float64) * scale).to(DEVICE, dtype)
+
+
+def _targets(n, n_classes, *, seed=1, ignored=(), ignore_index=-100):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    t = torch.randint(0, n_classes, (n,), generator=g)
+    t[list(ignored)] = ignore_index
+    return t.to(DEVICE)
+
+
+def _assert_close(got, ref, dtype, scale=1.0):
+    """``got`` against a float64 ``ref`` with ``dtype``'s tolerance, the absolute part relative
+    to the largest |ref| (a mean's gradient is ~1/N, a sum's ~1). NaNs must match."""
+    rtol, atol = TOLERANCES[dtype]
+    big = ref.abs().nan_to_num(0.0).max().item() if ref.numel() else 0.0
+    torch.testing.assert_close(got.double(), ref, rtol=rtol * scale,
+                               atol=atol * scale * max(big, 1e-30), equal_nan=True)
+
+
+def _ce_grad_check(x, target, *, dy_seed=7, **kwargs):
+    """cross_entropy's loss and d(loss)/d(x) against float64 F.cross_entropy; the loss's dtype
+    against torch's in x's dtype."""
+    loss = cross_entropy(x, target, **kwargs)
+    assert loss.dtype == F.cross_entropy(x.detach(), target, **kwargs).dtype
+    x64 = x.detach().double().requires_grad_()
+    ref = F.cross_entropy(x64, target, **kwargs)
+    assert loss.shape == ref.shape
+    _assert_close(loss, ref, loss.dtype)
+    dy = _randn(*ref.shape, dtype=torch.float64, seed=dy_seed)
+    (dx,) = torch.autograd.grad(loss, x, dy.to(loss.dtype))
+    (ref_dx,) = torch.autograd.grad(ref, x64, dy.to(loss.dtype).double())
+    assert dx.dtype == x.dtype and dx.shape == x.shape
+    _assert_close(dx, ref_dx, x.dtype, scale=2.0)
+    return loss, dx
+
+
+# --------------------------------------------------------------------------------------------
+# cross_entropy
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n_classes", [1, 7, 1000, 5000])
+def test_cross_entropy_values_and_grads(path, n_classes, dtype):
+    if path == "chunked" and n_classes == 5000:
+        pytest.skip("79 interpreted steps a row; 1000 columns already cross 16 chunks")
+    x = _randn(6, n_classes, dtype=dtype, scale=3.0).requires_grad_()
+    _ce_grad_check(x, _targets(6, n_classes, ignored=[4]))
+
+
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1, 1.0])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_cross_entropy_reductions_and_smoothing(path, reduction, label_smoothing):
+    x = _randn(9, 100, scale=2.0).requires_grad_()
+    target = _targets(9, 100, ignored=[0, 5])
+    loss, dx = _ce_grad_check(x, target, reduction=reduction, label_smoothing=label_smoothing)
+    assert torch.all(dx[[0, 5]] == 0)  # ignored rows: no gradient at all
+    if reduction == "none":
+        assert torch.all(loss[[0, 5]] == 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_cross_entropy_half_reductions(reduction, dtype):
+    x = _randn(8, 300, dtype=dtype, scale=4.0).requires_grad_()
+    _ce_grad_check(x, _targets(8, 300, ignored=[3]), reduction=reduction, label_smoothing=0.2)
+
+
+def test_cross_entropy_ignore_index_is_any_int(path):
+    # ignore_index 3 is also a class: rows whose target is 3 are the ignored ones.
+    x = _randn(12, 10).requires_grad_()
+    target = _targets(12, 10, ignored=[1, 2, 7], ignore_index=3)
+    for reduction in REDUCTIONS:
+        _ce_grad_check(x, target, ignore_index=3, reduction=reduction, label_smoothing=0.3)
+
+
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.2])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_cross_entropy_all_targets_ignored(reduction, label_smoothing):
+    # A mean over no target is 0/0 = NaN, as torch gives; the gradient is all zeros.
+    x = _randn(4, 33).requires_grad_()
+    loss, dx = _ce_grad_check(x, _targets(4, 33, ignored=range(4)), reduction=reduction,
+                              label_smoothing=label_smoothing)
+    assert loss.isnan().item() if reduction == "mean" else torch.all(loss == 0)
+    assert torch.all(dx == 0)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_cross_entropy_no_rows(reduction):
+    x = torch.empty(0, 17, device=DEVICE).requires_grad_()
+    loss = cross_entropy(x, torch.empty(0, dtype=torch.int64, device=DEVICE), reduction=reduction)
+    ref = F.cross_entropy(x.detach(), torch.empty(0, dtype=torch.int64, device=DEVICE),
+                          reduction=reduction)
+    torch.testing.assert_close(loss, ref, equal_nan=True)
+    (dx,) = torch.autograd.grad(loss.sum(), x)
+    assert dx.shape == (0, 17)
+
+
+@pytest.mark.parametrize("layout", ["column_stride", "transposed", "row_slice"])
+def test_cross_entropy_strided_input(path, layout, in_nan_storage):
+    """Logits read in place whatever their strides, NaN around them never read."""
+    values = _randn(7, 130, scale=2.0)
+    if layout == "column_stride":
+        storage = torch.full((7, 260), NAN, device=DEVICE)
+        storage[:, ::2] = values
+        x = storage[:, ::2]
+    elif layout == "transposed":
+        x = in_nan_storage(values, transpose=True)
+    else:
+        x = in_nan_storage(values)
+    assert not x.is_contiguous()
+    x.requires_grad_()
+    _ce_grad_check(x, _targets(7, 130, ignored=[2]), label_smoothing=0.1)
+
+
+def test_cross_entropy_one_row_input():
+    x = _randn(25).requires_grad_()
+    for reduction in REDUCTIONS:
+        _ce_grad_check(x, torch.tensor(4, device=DEVICE), reduction=reduction)
+
+
+def test_cross_entropy_infinite_logits(path):
+    # -inf logits (a masked vocabulary) over whole chunks, the running max starting at -inf.
+    x = _randn(3, 200, scale=2.0)
+    x[:, :130] = float("-inf")
+    x.requires_grad_()
+    _ce_grad_check(x, torch.tensor([150, 199, 131], device=DEVICE), reduction="sum")
+
+
+def test_cross_entropy_target_out_of_range_is_nan():
+    """torch raises; the kernel cannot without waiting for the GPU, so the row is NaN (and
+    nothing outside the row is read)."""
+    x = _randn(3, 8).requires_grad_()
+    loss = cross_entropy(x, torch.tensor([1, 8, -1], device=DEVICE), reduction="none")
+    assert not loss[0].isnan() and loss[1:].isnan().all()
+    (dx,) = torch.autograd.grad(loss.sum(), x)
+    assert dx[1:].isnan().all() and not dx[0].isnan().any()
+
+
+def test_cross_entropy_retain_graph_twice():
+    x = _randn(5, 40).requires_grad_()
+    loss = cross_entropy(x, _targets(5, 40))
+    (first,) = torch.autograd.grad(loss * 3.0, x, retain_graph=True)
+    (second,) = torch.autograd.grad(loss * 3.0, x)
+    torch.testing.assert_close(first, second)
+
+
+def test_plans_are_kept_apart_by_dtype(monkeypatch):
+    """A plan keeps its compiled launch (``prepared``): logits of another dtype at the same shape
+    must get another plan, or a GPU would run the fp32 kernel over fp16 memory."""
+    from triton_workshop import runtime
+
+    seen = {}
+    real_launch = runtime.registry.launch_kernel
+
+    def spy(kernel, grid, tensors, scalars, consts, prepared):
+        seen.setdefault(id(prepared), set()).add(tensors[0].dtype)
+        return real_launch(kernel, grid, tensors, scalars, consts, prepared)
+
+    monkeypatch.setattr(runtime.registry, "launch_kernel", spy)
+    target = _targets(3, 9)
+    for dtype in DTYPES:
+        x = _randn(3, 9, dtype=dtype).requires_grad_()
+        _ce_grad_check(x, target)
+    assert len(seen) == 2 * len(DTYPES) and all(len(d) == 1 for d in seen.values())
+
+
+def test_cross_entropy_torch_compile():
+    def f(x, target):
+        return cross_entropy(x * 2.0, target, label_smoothing=0.1) + \
+            cross_entropy(x, target, reduction="none").sum()
+
+    x = _randn(6, 50).requires_grad_()
+    target = _targets(6, 50, ignored=[1])
+    out = torch.compile(f, fullgraph=True)(x, target)
+    (dx,) = torch.autograd.grad(out, x)
+    ref = f(x, target)
+    (ref_dx,) = torch.autograd.grad(ref, x)
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(dx, ref_dx)
+
+
+def test_cross_entropy_autocast():
+    """Under autocast F.cross_entropy returns fp32 (torch's fp32 lists); so does this op, from
+    the half-precision logits without an fp32 copy, and the gradient stays in their dtype. On
+    CUDA torch's own loss has bf16 roundings in it (about 4e-4 relative): compared with float64,
+    this op's is the closer."""
+    device_type = "cuda" if DEVICE.type == "cuda" else "cpu"
+    x = _randn(5, 70, dtype=torch.bfloat16).requires_grad_()
+    target = _targets(5, 70)
+    with torch.autocast(device_type, dtype=torch.bfloat16):
+        loss = cross_entropy(x, target)
+        ref = F.cross_entropy(x, target)
+    assert loss.dtype == ref.dtype == torch.float32
+    x64 = x.detach().double().requires_grad_()
+    ref64 = F.cross_entropy(x64, target)
+    torch.testing.assert_close(loss.double(), ref64, rtol=1e-6, atol=1e-6)
+    assert (loss.double() - ref64).abs() <= (ref.double() - ref64).abs() + 1e-6
+    (dx,) = torch.autograd.grad(loss, x)
+    (ref_dx,) = torch.autograd.grad(ref, x)
+    assert dx.dtype == torch.bfloat16
+    torch.testing.assert_close(dx.float(), ref_dx.float(), rtol=2e-2, atol=1e-3)
+    _assert_close(dx, torch.autograd.grad(ref64, x64)[0], torch.bfloat16)
+
+
+# --------------------------------------------------------------------------------------------
+# linear_cross_entropy
+# --------------------------------------------------------------------------------------------
+def _linear_inputs(n, hidden, vocab, dtype, *, bias=True, seed=0):
+    x = _randn(n, hidden, dtype=dtype, seed=seed).requires_grad_()
+    w = _randn(vocab, hidden, dtype=dtype, seed=seed + 1, scale=hidden ** -0.5).requires_grad_()
+    b = _randn(vocab, dtype=dtype, seed=seed + 2).requires_grad_() if bias else None
+    return x, w, b
+
+
+def _linear_check(x, w, target, b=None, *, dy_seed=7, grad_scale=4.0, ref_dtype=torch.float64,
+                  **kwargs):
+    """linear_cross_entropy and its gradients against the reference of the same operands in
+    ``ref_dtype``: float64 (what each dtype's rounding is measured against), or None for torch's
+    own ``F.cross_entropy(F.linear(...).float())`` in the operands' dtype."""
+    leaves = [t for t in (x, w, b) if t is not None and t.requires_grad]
+    loss = linear_cross_entropy(x, w, target, b, **kwargs)
+    assert loss.dtype == torch.float32
+    as64 = [t.detach().to(ref_dtype or t.dtype).requires_grad_(t.requires_grad)
+            if t is not None else None for t in (x, w, b)]
+    logits = F.linear(as64[0].reshape(-1, x.shape[-1]), as64[1], as64[2])
+    ref = F.cross_entropy(logits if ref_dtype else logits.float(), target.reshape(-1), **kwargs)
+    if kwargs.get("reduction") == "none":
+        ref = ref.view(target.shape)
+    assert loss.shape == ref.shape
+    _assert_close(loss, ref.double(), x.dtype)
+    if not leaves:
+        return loss, []
+    dy = _randn(*ref.shape, dtype=torch.float64, seed=dy_seed)
+    grads = torch.autograd.grad(loss, leaves, dy.float())
+    ref_grads = torch.autograd.grad(ref, [t for t in as64 if t is not None and t.requires_grad],
+                                    dy.float().to(ref.dtype))
+    for t, g, r in zip(leaves, grads, ref_grads):
+        assert g.dtype == t.dtype and g.shape == t.shape
+        _assert_close(g, r.double(), t.dtype, scale=grad_scale)
+    return loss, grads
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("vocab", [1, 7, 64, 1000])
+def test_linear_values_and_grads(path, vocab, dtype):
+    # 11 tokens: with the chunked path's 4-token chunks (fp32, vocab 64) the last is ragged.
+    x, w, b = _linear_inputs(11, 16, vocab, dtype)
+    _linear_check(x, w, _targets(11, vocab, ignored=[3]), b)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_linear_reductions_and_smoothing(path, reduction):
+    x, w, b = _linear_inputs(10, 12, 50, torch.float32)
+    target = _targets(10, 50, ignored=[0, 9])
+    _, (dx, dw, db) = _linear_check(x, w, target, b, reduction=reduction, label_smoothing=0.15)
+    assert torch.all(dx[[0, 9]] == 0)
+
+
+def test_linear_chunks_cover_every_token(monkeypatch):
+    """Chunks of 1, 2, 4 and 8 tokens over 13 tokens (one ragged chunk each) give the same
+    result as one chunk, whatever the reduction."""
+    x, w, b = _linear_inputs(13, 8, 30, torch.float32)
+    for reduction in REDUCTIONS:
+        target = _targets(13, 30, ignored=[12])
+        for rows in (1, 2, 4, 8):
+            monkeypatch.setattr(ce_ops, "TUNING", dataclasses.replace(
+                ce_ops.TUNING, logits_chunk_bytes=rows * 30 * 4 + 3))
+            assert chunk_rows(30, 4) == rows
+            _linear_check(x, w, target, b, reduction=reduction)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_linear_all_targets_ignored(reduction):
+    x, w, b = _linear_inputs(5, 8, 20, torch.float32)
+    loss, grads = _linear_check(x, w, _targets(5, 20, ignored=range(5)), b, reduction=reduction,
+                                label_smoothing=0.1)
+    assert loss.isnan().item() if reduction == "mean" else torch.all(loss == 0)
+    assert all(torch.all(g == 0) for g in grads)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_linear_no_tokens(reduction):
+    x, w, b = _linear_inputs(0, 8, 20, torch.float32)
+    loss = linear_cross_entropy(x, w, torch.empty(0, dtype=torch.int64, device=DEVICE), b,
+                                reduction=reduction)
+    ref = F.cross_entropy(F.linear(x, w, b).float(),
+                          torch.empty(0, dtype=torch.int64, device=DEVICE), reduction=reduction)
+    torch.testing.assert_close(loss, ref, equal_nan=True)
+    dx, dw, db = torch.autograd.grad(loss.sum(), (x, w, b))
+    assert dx.shape == (0, 8) and torch.all(dw == 0) and torch.all(db == 0)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_linear_batched_input(path, reduction):
+    """(B, T, H) input and (B, T) target: the tokens flattened; "none" keeps target's shape."""
+    x, w, b = _linear_inputs(2 * 5, 12, 40, torch.float32)
+    x = x.detach().view(2, 5, 12).requires_grad_()
+    target = _targets(10, 40, ignored=[4]).view(2, 5)
+    loss, _ = _linear_check(x, w, target, b, reduction=reduction)
+    if reduction == "none":
+        assert loss.shape == (2, 5)
+
+
+def test_linear_strided_operands(path, in_nan_storage):
+    values = _randn(9, 24)
+    x = in_nan_storage(values, transpose=True).requires_grad_()
+    w = in_nan_storage(_randn(33, 24, seed=3, scale=0.2)).requires_grad_()
+    target = _targets(18, 33, ignored=[4])[::2]  # a strided target
+    _linear_check(x, w, target, reduction="none", label_smoothing=0.05)
+    _linear_check(x, w, target)
+
+
+@pytest.mark.parametrize("need", ["input", "weight", "bias", "no_bias"])
+def test_linear_partial_grads(path, need):
+    x, w, b = _linear_inputs(7, 10, 30, torch.float32, bias=need != "no_bias")
+    for name, t in (("input", x), ("weight", w), ("bias", b)):
+        if t is not None and need not in (name, "no_bias"):
+            t.requires_grad_(False)
+    for reduction in REDUCTIONS:
+        _linear_check(x, w, _targets(7, 30, ignored=[2]), b, reduction=reduction)
+
+
+def test_linear_none_reduction_recomputes_in_backward(monkeypatch):
+    """reduction="none": a per-row incoming gradient must scale each row before the rows are
+    summed into grad_weight, so the backward recomputes the chunks; mean/sum keep the gradients
+    made in the forward (no recomputation)."""
+    calls = []
+    backward = ce_ops.linear_cross_entropy_backward
+    monkeypatch.setattr(ce_ops, "linear_cross_entropy_backward",
+                        lambda *a: calls.append(1) or backward(*a))
+    x, w, b = _linear_inputs(6, 8, 25, torch.float32)
+    target = _targets(6, 25)
+    _linear_check(x, w, target, b, reduction="none", dy_seed=11)
+    assert calls == [1]
+    _linear_check(x, w, target, b, reduction="sum")
+    assert calls == [1]
+
+
+def test_linear_no_grad_computes_the_loss_only(monkeypatch):
+    wanted = []
+    new_grads = ce_ops._new_grads
+    monkeypatch.setattr(ce_ops, "_new_grads", lambda x, w, b, need: wanted.append(tuple(need))
+                        or new_grads(x, w, b, need))
+    x, w, b = _linear_inputs(6, 8, 25, torch.float32)
+    target = _targets(6, 25)
+    with torch.no_grad():
+        loss = linear_cross_entropy(x, w, target, b)
+    assert not loss.requires_grad
+    assert wanted == [(False, False, False)]
+    torch.testing.assert_close(loss, F.cross_entropy(F.linear(x, w, b), target))
+    with torch.inference_mode():
+        linear_cross_entropy(x, w, target, b, reduction="none")
+    assert wanted[-1] == (False, False, False)
+
+
+def test_linear_retain_graph_twice():
+    """The gradients made in the forward are scaled out of place: a second backward over a
+    retained graph gives the same gradients."""
+    x, w, b = _linear_inputs(6, 8, 25, torch.float32)
+    loss = linear_cross_entropy(x, w, _targets(6, 25), b)
+    first = torch.autograd.grad(loss * 2.0, (x, w, b), retain_graph=True)
+    second = torch.autograd.grad(loss * 2.0, (x, w, b))
+    for a, c in zip(first, second):
+        torch.testing.assert_close(a, c)
+
+
+def test_linear_torch_compile(path):
+    def f(x, w, b, target):
+        return linear_cross_entropy(x, w, target, b, label_smoothing=0.1) + \
+            linear_cross_entropy(x, w, target, reduction="none").square().sum()
+
+    x, w, b = _linear_inputs(9, 8, 30, torch.float32)
+    target = _targets(9, 30, ignored=[5])
+    out = torch.compile(f, fullgraph=True)(x, w, b, target)
+    grads = torch.autograd.grad(out, (x, w, b))
+    ref = f(x, w, b, target)
+    ref_grads = torch.autograd.grad(ref, (x, w, b))
+    torch.testing.assert_close(out, ref)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r)
+
+
+def test_linear_autocast():
+    """Under autocast the product runs in the autocast dtype (as F.linear's) and the loss in
+    fp32; gradients reach the fp32 parameters in fp32."""
+    device_type = "cuda" if DEVICE.type == "cuda" else "cpu"
+    x, w, b = _linear_inputs(8, 16, 40, torch.float32)
+    target = _targets(8, 40, ignored=[1])
+    with torch.autocast(device_type, dtype=torch.bfloat16):
+        loss = linear_cross_entropy(x, w, target, b, label_smoothing=0.1)
+        ref = F.cross_entropy(F.linear(x, w, b).float(), target, label_smoothing=0.1)
+    assert loss.dtype == ref.dtype == torch.float32
+    torch.testing.assert_close(loss, ref, rtol=1e-3, atol=1e-3)
+    grads = torch.autograd.grad(loss, (x, w, b))
+    ref_grads = torch.autograd.grad(ref, (x, w, b))
+    for g, r in zip(grads, ref_grads):
+        assert g.dtype == torch.float32
+        _assert_close(g, r.double(), torch.bfloat16, scale=2.0)
+
+
+# --------------------------------------------------------------------------------------------
+# Bad input: TypeError / ValueError naming the argument, before anything launches.
+# --------------------------------------------------------------------------------------------
+def _call(fn, args: dict, change: dict):
+    """``fn(**args)`` with ``change`` applied, tensors on DEVICE (sparse ones as they are), to
+    call later."""
+    args = {k: v.to(DEVICE) if isinstance(v, torch.Tensor) and not v.is_sparse else v
+            for k, v in {**args, **change}.items()}
+    return lambda: fn(**args)
+
+
+def _ce_call(**change):
+    return _call(cross_entropy, dict(input=torch.randn(4, 5), target=torch.tensor([0, 1, 2, 3])),
+                 change)
+
+
+def _linear_call(**change):
+    return _call(linear_cross_entropy, dict(input=torch.randn(4, 3), weight=torch.randn(5, 3),
+                                            target=torch.tensor([0, 1, 2, 3])), change)
+
+
+BAD = {
+    "input_not_tensor": (_ce_call(input=[[1.0, 2.0]]), TypeError, "input must be a torch.Tensor"),
+    "input_int": (_ce_call(input=torch.ones(4, 5, dtype=torch.int32)), TypeError, "input"),
+    "input_3d": (_ce_call(input=torch.randn(4, 5, 2)), ValueError, "input"),
+    "no_classes": (_ce_call(input=torch.randn(4, 0)), ValueError, "input"),
+    "target_float": (_ce_call(target=torch.zeros(4)), TypeError, "target"),
+    "target_int32": (_ce_call(target=torch.zeros(4, dtype=torch.int32)), TypeError, "target"),
+    "target_shape": (_ce_call(target=torch.zeros(3, dtype=torch.int64)), ValueError, "target"),
+    "ignore_index_float": (_ce_call(ignore_index=-100.0), TypeError, "ignore_index"),
+    "ignore_index_bool": (_ce_call(ignore_index=True), TypeError, "ignore_index"),
+    "reduction_unknown": (_ce_call(reduction="avg"), ValueError, "reduction"),
+    "reduction_none_object": (_ce_call(reduction=None), TypeError, "reduction"),
+    "smoothing_negative": (_ce_call(label_smoothing=-0.1), ValueError, "label_smoothing"),
+    "smoothing_above_1": (_ce_call(label_smoothing=1.5), ValueError, "label_smoothing"),
+    "smoothing_str": (_ce_call(label_smoothing="0.1"), TypeError, "label_smoothing"),
+    "input_sparse": (_ce_call(input=torch.randn(4, 5).to_sparse()), TypeError, "input"),
+    "input_nested": (
+        _ce_call(input=torch.nested.nested_tensor([torch.randn(2, 5)], layout=torch.jagged)),
+        TypeError, "input"),
+    "linear_weight_1d": (_linear_call(weight=torch.randn(5)), ValueError, "weight"),
+    "linear_in_features": (_linear_call(weight=torch.randn(5, 4)), ValueError, "in_features"),
+    "linear_no_classes": (_linear_call(weight=torch.randn(0, 3)), ValueError, "weight"),
+    "linear_dtype_mix": (_linear_call(weight=torch.randn(5, 3, dtype=torch.float16)),
+                         TypeError, "weight"),
+    "linear_bias_shape": (_linear_call(bias=torch.randn(4)), ValueError, "bias"),
+    "linear_bias_dtype": (_linear_call(bias=torch.randn(5, dtype=torch.bfloat16)),
+                          TypeError, "bias"),
+    "linear_scalar_input": (_linear_call(input=torch.tensor(1.0)), ValueError, "input"),
+    "linear_target_shape": (_linear_call(target=torch.zeros(2, 2, dtype=torch.int64)),
+                            ValueError, "target"),
+    "linear_target_float": (_linear_call(target=torch.zeros(4)), TypeError, "target"),
+    "linear_reduction": (_linear_call(reduction="batchmean"), ValueError, "reduction"),
+    "linear_smoothing": (_linear_call(label_smoothing=2.0), ValueError, "label_smoothing"),
+    "linear_ignore_index": (_linear_call(ignore_index="x"), TypeError, "ignore_index"),
+    "linear_weight_sparse": (_linear_call(weight=torch.randn(5, 3).to_sparse()),
+                             TypeError, "weight"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_bad_inputs(name, planned_launches):
+    call, error, match = BAD[name]
+    with pytest.raises(error, match=match):
+        call()
+    assert planned_launches == []
+
+
+@gpu_only
+def test_tensors_on_different_devices_are_rejected():
+    x = torch.randn(4, 5, device="cuda")
+    with pytest.raises(ValueError, match="target"):
+        cross_entropy(x, torch.zeros(4, dtype=torch.int64))
+    with pytest.raises(ValueError, match="weight"):
+        linear_cross_entropy(torch.randn(4, 3, device="cuda"), torch.randn(5, 3),
+                             torch.zeros(4, dtype=torch.int64, device="cuda"))
+
+
+# --------------------------------------------------------------------------------------------
+# GPU: a 128k vocabulary, and the memory it takes.
+# --------------------------------------------------------------------------------------------
+VOCAB = 128256
+
+
+@gpu_only
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_cross_entropy_large_vocabulary(dtype):
+    x = _randn(64, VOCAB, dtype=dtype, scale=2.0).requires_grad_()
+    _ce_grad_check(x, _targets(64, VOCAB, ignored=[5]), label_smoothing=0.1)
+
+
+@gpu_only
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_linear_large_vocabulary(dtype):
+    """Against torch's own pair in the same dtype: a mean over 2047 tokens of 128256 classes
+    makes d(loss)/d(logits) ~4e-9, below fp16's smallest subnormal, so both round it to 0 where
+    float64 keeps it. bf16/fp16 gradients of weight are summed chunk by chunk in their own dtype
+    (cuBLAS adds into them): a looser bound than one product's rounding."""
+    x, w, b = _linear_inputs(2048, 64, VOCAB, dtype)
+    _linear_check(x, w, _targets(2048, VOCAB, ignored=[5]), b, grad_scale=8.0,
+                  ref_dtype=None if dtype != torch.float32 else torch.float64)
+
+
+@gpu_only
+@pytest.mark.gpu
+def test_cross_entropy_peak_memory():
+    """Forward + backward takes the gradient's N x V and not more (the logits are saved, not
+    copied; no fp32 copy of bf16 logits, no softmax kept)."""
+    n = 4096
+    x = torch.randn(n, VOCAB, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    target = torch.randint(0, VOCAB, (n,), device="cuda")
+    grad_bytes = n * VOCAB * x.element_size()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    (dx,) = torch.autograd.grad(cross_entropy(x, target), x)
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - base
+    assert extra < grad_bytes + (64 << 20), f"{extra / 2**20:.0f} MiB over the logits"
+
+
+@pytest.mark.big_memory
+@gpu_only
+@pytest.mark.gpu
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_linear_peak_memory_is_not_tokens_times_vocabulary(reduction):
+    """8192 tokens x 128256 classes would be 4 GiB of fp32 logits; the fused op takes one chunk
+    of them (256 MiB) and the gradient buffers."""
+    n, hidden = 8192, 1024
+    x = torch.randn(n, hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = (torch.randn(VOCAB, hidden, device="cuda", dtype=torch.bfloat16) * 0.03).requires_grad_()
+    target = torch.randint(0, VOCAB, (n,), device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    loss = linear_cross_entropy(x, w, target, reduction=reduction)
+    dx, dw = torch.autograd.grad(loss.sum(), (x, w))
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - base
+    logits_fp32 = n * VOCAB * 4
+    chunk = ce_ops.TUNING.logits_chunk_bytes
+    # dx and dw, dw once more while the backward scales it, one chunk of logits and its
+    # gradient's fp32 column sums: well under a tenth of the fp32 logits.
+    budget = 2 * w.numel() * 2 + x.numel() * 2 + chunk + (64 << 20)
+    assert extra < budget < logits_fp32 / 4, (extra / 2**20, budget / 2**20)
