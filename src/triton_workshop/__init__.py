@@ -17,6 +17,7 @@ from .ops.image import FILTERS, filter2d, get_filter, greyscale, sepia
 from .ops.layer_norm import layer_norm
 from .ops.layer_norm_linear import layer_norm_linear
 from .ops.matmul import linear, matmul
+from .ops.rms_norm import add_rms_norm, rms_norm
 from .ops.rope import rope
 from .ops.softmax import softmax
 from . import nn
@@ -28,6 +29,7 @@ __all__ = [
     "INTERPRET",
     "FILTERS",
     "add",
+    "add_rms_norm",
     "attention",
     "conv2d",
     "cross_entropy",
@@ -40,6 +42,7 @@ __all__ = [
     "linear_cross_entropy",
     "matmul",
     "nn",
+    "rms_norm",
     "sepia",
     "softmax",
     "cdiv",

@@ -1,0 +1,485 @@
+"""RMS normalisation over the trailing dims, alone or after a fused residual add, forward and a
+deterministic backward, in Triton.
+
+    y = x * rstd * (weight_offset + weight),   rstd = 1 / sqrt(mean(x**2) + eps)
+
+Host code: the tuning (:class:`RMSNormTuning`), the cached launch plans, the registered ops, the
+autograd, and the public functions :func:`rms_norm` and :func:`add_rms_norm`. The kernels are in
+:mod:`.kernels`; why they are built as they are is in docs/kernels/rms_norm.md.
+
+``casting_mode`` says where the result is rounded, so that a patched model keeps its own module's
+numbers:
+
+* ``"torch"`` (default): ``torch.nn.functional.rms_norm``: everything in fp32 (fp64 for fp64),
+  one rounding to ``x``'s dtype;
+* ``"llama"``: transformers' LlamaRMSNorm: ``x * rstd`` rounded to ``x``'s dtype, then times the
+  weight (``weight_offset + weight`` in the weight's dtype); the output has the promoted dtype of
+  ``x`` and the weight, as ``weight * hidden_states.to(input_dtype)`` has;
+* ``"gemma"``: transformers' GemmaRMSNorm: everything in fp32, ``(weight_offset + weight)`` too,
+  one rounding to ``x``'s dtype. (For fp16/bf16/fp32 the same arithmetic as ``"torch"``; fp64
+  rows compute in fp64 here where GemmaRMSNorm's ``x.float()`` would drop to fp32.)
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from typing import NamedTuple, Optional
+
+import torch
+
+from ... import runtime
+from ...runtime import (
+    LaunchPlan,
+    acc_dtype,
+    chunk_tile,
+    num_warps_for,
+    plan_cache,
+    register_op,
+    row_tile,
+)
+from .._common import FLOAT_DTYPES_WITH_FP64
+from ..layer_norm import (
+    LayerNormTuning,
+    _check_normalized_shape,
+    _check_param,
+    _rows_cols,
+    _stats_dtype,
+)
+from ..layer_norm.kernels import layer_norm_bwd_sum_partials_kernel
+from .kernels import (
+    rms_norm_bwd_dw_chunked_kernel,
+    rms_norm_bwd_dx_chunked_kernel,
+    rms_norm_bwd_kernel,
+    rms_norm_fwd_chunked_kernel,
+    rms_norm_fwd_kernel,
+)
+
+CASTING_MODES = ("torch", "llama", "gemma")
+
+
+@dataclass(frozen=True)
+class RMSNormTuning(LayerNormTuning):
+    """The launch decisions of rms_norm: part of every plan's key (tests replace :data:`TUNING`
+    with ``dataclasses.replace`` to reach the chunked paths on short rows). The fields and their
+    values are layer norm's (see :class:`LayerNormTuning` and docs/kernels/layer_norm.md for the
+    H100 measurements behind them): an RMSNorm program holds the same tiles less the bias terms
+    (``dwdb_stages`` is here the column-tiled dweight kernel's), so it fits at least where a
+    layer norm program fits. A field that RMSNorm should set apart is overridden here."""
+
+
+#: The tuning every launch reads (at call time: a replaced object takes effect at once).
+TUNING = RMSNormTuning()
+
+
+# --------------------------------------------------------------------------------------------
+# Launch plans, registered ops, autograd.
+# --------------------------------------------------------------------------------------------
+def _out_dtype(x: torch.Tensor, weight: torch.Tensor | None, casting_mode: str,
+               out_dtype: torch.dtype | None) -> torch.dtype:
+    """y's dtype: ``out_dtype`` when given (autocast), else ``x``'s, or under llama casting the
+    promotion of ``x``'s and the weight's (``weight * hidden_states.to(input_dtype)``)."""
+    if out_dtype is not None:
+        return out_dtype
+    if casting_mode == "llama" and weight is not None:
+        return torch.promote_types(x.dtype, weight.dtype)
+    return x.dtype
+
+
+def _rms_norm_forward_fake(x, residual, weight, norm_ndim, eps, weight_offset, casting_mode,
+                           out_dtype=None):
+    n_rows, _ = _rows_cols(x, norm_ndim)
+    return (
+        x.new_empty(x.shape, dtype=_out_dtype(x, weight, casting_mode, out_dtype)),
+        x.new_empty(x.shape if residual is not None else (0,)),
+        x.new_empty(n_rows, dtype=_stats_dtype(x.dtype)),
+    )
+
+
+# Autocast is applied by the public functions (see _autocast_out_dtype), not by a cast of the
+# inputs: computing in fp32 from fp16 inputs read as they are is what torch's cast-then-compute
+# gives, without the copies.
+@register_op("rms_norm_forward", fake=_rms_norm_forward_fake)
+def rms_norm_forward(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor | None,
+    norm_ndim: int,
+    eps: float,
+    weight_offset: float,
+    casting_mode: str,
+    out_dtype: Optional[torch.dtype] = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(y, x + residual, rstd)`` of RMS norm over the last ``norm_ndim`` dims of ``x`` (or of
+    ``x + residual``; without a residual the sum is an empty placeholder), arguments already
+    checked by :func:`rms_norm` / :func:`add_rms_norm`; ``rstd`` has one value per row."""
+    n_rows, n_cols = _rows_cols(x, norm_ndim)
+    y = x.new_empty(x.shape, dtype=_out_dtype(x, weight, casting_mode, out_dtype))
+    total = x.new_empty(x.shape if residual is not None else (0,))
+    rstd = x.new_empty(n_rows, dtype=_stats_dtype(x.dtype))
+    if n_rows == 0:
+        return y, total, rstd
+    if n_cols == 0:  # the mean of no squares, as PyTorch: NaN
+        return y, total, rstd.fill_(math.nan)
+    x = x.contiguous()
+    r = residual.contiguous() if residual is not None else x  # never read without a residual
+    w = weight.contiguous() if weight is not None else x  # never read without a weight
+    plan = _forward_plan(n_rows, n_cols, eps, weight_offset, (x.dtype, w.dtype, y.dtype),
+                         residual is not None, weight is not None, casting_mode == "llama",
+                         TUNING)
+    with runtime.device_guard(x):
+        plan.launch(x, r, w, y, total if residual is not None else y, rstd)
+    return y, total, rstd
+
+
+@plan_cache()
+def _forward_plan(n_rows, n_cols, eps, weight_offset, dtypes, has_residual, has_weight,
+                  round_xhat, tuning: RMSNormTuning) -> LaunchPlan:
+    """The forward's launch (``dtypes``: of x, the weight as launched, y). Cached: the same few
+    shapes come back every step."""
+    consts = dict(HAS_RESIDUAL=has_residual, HAS_WEIGHT=has_weight, ROUND_XHAT=round_xhat,
+                  ACC=acc_dtype(dtypes[0]))
+    if n_cols <= tuning.single_block_max_cols:
+        tile = row_tile(n_cols, n_rows, tile_elems=tuning.tile_elems,
+                        max_rows=tuning.max_rows_per_program)
+        consts.update(BLOCK_N=tile.block_cols, ROWS=tile.rows, num_warps=tile.num_warps)
+        return LaunchPlan(rms_norm_fwd_kernel, (runtime.cdiv(n_rows, tile.rows),),
+                          (n_rows, n_cols, eps, weight_offset), consts)
+    tile = chunk_tile(n_cols, tuning.forward_chunk_cols)
+    consts.update(BLOCK_N=tile.block_cols, num_warps=tile.num_warps)
+    return LaunchPlan(rms_norm_fwd_chunked_kernel, (n_rows,), (n_cols, eps, weight_offset),
+                      consts)
+
+
+def _dw_dtype(x: torch.Tensor, weight: torch.Tensor | None) -> torch.dtype:
+    return weight.dtype if weight is not None else _stats_dtype(x.dtype)
+
+
+def _rms_norm_backward_fake(dy, dsum, x, weight, rstd, norm_ndim, weight_offset, casting_mode,
+                            need_dx, need_dw):
+    _, n_cols = _rows_cols(x, norm_ndim)
+    return (x.new_empty(x.shape if need_dx else (0,)),
+            x.new_empty(n_cols if need_dw else 0, dtype=_dw_dtype(x, weight)))
+
+
+class BackwardPlan(NamedTuple):
+    """The backward's launches for one shape, in launch order, by name (``"fused"``,
+    ``"dx_rows"``, ``"dx"``, ``"dw"``, ``"sum"``: see :func:`_backward_launches` for their
+    operands), and the rows of the partial ``dweight`` buffer they fill."""
+
+    n_partials: int
+    launches: dict[str, LaunchPlan]
+
+
+def _row_groups(n_rows: int, max_groups: int) -> tuple[int, int]:
+    """``(n_groups, rows_per_group)``: consecutive rows split into at most ``max_groups`` groups.
+    A fixed partition (it depends only on the shape and the GPU): the same summation order, so
+    the same bits, every run."""
+    rows_per_group = runtime.cdiv(n_rows, max(1, min(max_groups, n_rows)))
+    return runtime.cdiv(n_rows, rows_per_group), rows_per_group
+
+
+@plan_cache()
+def _backward_plan(n_rows, n_cols, weight_offset, dtypes, has_weight, has_dsum, round_xhat, need,
+                   n_sms, tuning: RMSNormTuning) -> BackwardPlan:
+    """The backward's launches for one shape (``dtypes``: see :func:`_find_backward_plan`).
+    Cached like the forward's plan."""
+    need_dx, need_dw = need
+    dy_dtype, x_dtype = dtypes[:2]
+    acc = acc_dtype(x_dtype)
+    common = dict(ROUND_XHAT=round_xhat, ACC=acc)
+    launches = {}
+    if n_cols <= tuning.backward_single_block_max_cols:
+        tile = row_tile(n_cols, n_rows, tile_elems=tuning.tile_elems,
+                        max_rows=tuning.max_rows_per_program)
+        elems = tile.rows * tile.block_cols
+        wide = elems >= tuning.backward_wide_tile_elems
+        n_partials, rows_per_program = _row_groups(
+            n_rows, min(n_sms * (1 if wide else tuning.backward_programs_per_sm),
+                        runtime.cdiv(n_rows, tile.rows)))
+        # Pipeline the row loop where the prefetched x and dy tiles fit in shared memory.
+        prefetch = (tuning.backward_stages - 1) * elems * (dy_dtype.itemsize + x_dtype.itemsize)
+        launches["fused"] = LaunchPlan(
+            rms_norm_bwd_kernel, (n_partials,),
+            (n_rows, n_cols, rows_per_program, weight_offset), dict(
+                common, HAS_WEIGHT=has_weight, HAS_DSUM=has_dsum, COMPUTE_DX=need_dx,
+                COMPUTE_DW=need_dw, BLOCK_N=tile.block_cols, ROWS=tile.rows,
+                STAGES=(tuning.backward_stages if prefetch <= tuning.backward_prefetch_bytes
+                        else 1),
+                num_warps=tuning.backward_wide_num_warps if wide else tile.num_warps))
+    else:
+        tile = chunk_tile(n_cols, tuning.chunk_cols)
+        if need_dx and n_cols <= tuning.backward_dx_single_block_max_cols:
+            # One read of x and dy for dx (not two): without the running sums a whole row fits.
+            # Persistent, one wide program an SM.
+            n_programs, rows_per_program = _row_groups(n_rows, n_sms)
+            launches["dx_rows"] = LaunchPlan(
+                rms_norm_bwd_kernel, (n_programs,),
+                (n_rows, n_cols, rows_per_program, weight_offset), dict(
+                    common, HAS_WEIGHT=has_weight, HAS_DSUM=has_dsum, COMPUTE_DX=True,
+                    COMPUTE_DW=False, BLOCK_N=runtime.next_power_of_2(n_cols), ROWS=1,
+                    STAGES=1, num_warps=tuning.backward_wide_num_warps))
+        elif need_dx:
+            launches["dx"] = LaunchPlan(
+                rms_norm_bwd_dx_chunked_kernel, (n_rows,), (n_cols, weight_offset), dict(
+                    common, HAS_WEIGHT=has_weight, HAS_DSUM=has_dsum, BLOCK_N=tile.block_cols,
+                    num_warps=tile.num_warps))
+        n_col_blocks = runtime.cdiv(n_cols, tile.block_cols)
+        n_partials, rows_per_group = _row_groups(
+            n_rows, runtime.cdiv(n_sms * tuning.backward_programs_per_sm, n_col_blocks))
+        if need_dw:
+            launches["dw"] = LaunchPlan(
+                rms_norm_bwd_dw_chunked_kernel, (n_partials, n_col_blocks),
+                (n_rows, n_cols, rows_per_group), dict(
+                    common, BLOCK_N=tile.block_cols, STAGES=tuning.dwdb_stages,
+                    num_warps=num_warps_for(tile.block_cols)))
+    if need_dw:
+        # The second, small stage of the reduction, in a fixed order: deterministic.
+        launches["sum"] = LaunchPlan(
+            layer_norm_bwd_sum_partials_kernel,
+            (runtime.cdiv(n_cols, tuning.sum_partials_block_n),), (n_partials, n_cols),
+            dict(COMPUTE_DW=True, COMPUTE_DB=False, ACC=acc, BLOCK_P=tuning.sum_partials_block_p,
+                 BLOCK_N=tuning.sum_partials_block_n, num_warps=4))
+    return BackwardPlan(n_partials, launches)
+
+
+@register_op("rms_norm_backward", fake=_rms_norm_backward_fake)
+def rms_norm_backward(
+    dy: torch.Tensor,
+    dsum: torch.Tensor | None,
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    rstd: torch.Tensor,
+    norm_ndim: int,
+    weight_offset: float,
+    casting_mode: str,
+    need_dx: bool,
+    need_dw: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(dx, dweight)``; one not asked for is an empty placeholder. ``x`` is what was normalised
+    (``x + residual`` for :func:`add_rms_norm`), ``dsum`` the gradient that reached that sum
+    directly (added to ``dx``). ``dweight`` comes flat (the caller reshapes), in the weight's
+    dtype."""
+    n_rows, n_cols = _rows_cols(x, norm_ndim)
+    dw_dtype = _dw_dtype(x, weight)
+    if n_rows == 0 or n_cols == 0:  # a sum over no rows is 0
+        dx = x.new_empty(x.shape if need_dx else (0,))
+        if need_dx and dsum is not None:
+            dx.copy_(dsum)
+        return dx, x.new_zeros(n_cols if need_dw else 0, dtype=dw_dtype)
+    dy, x = dy.contiguous(), x.contiguous()
+    dsum = dsum.contiguous() if dsum is not None else None
+    w = weight.contiguous() if weight is not None else x  # never read without a weight
+    dtypes = (dy.dtype, x.dtype, w.dtype, dsum.dtype if dsum is not None else None, dw_dtype)
+    plan = _find_backward_plan(n_rows, n_cols, weight_offset, dtypes, weight is not None,
+                               casting_mode, (need_dx, need_dw), x.device)
+    with runtime.device_guard(x):
+        return _backward_launches(plan, dy, dsum, x, w, rstd, n_cols, need_dx, need_dw, dw_dtype)
+
+
+def _find_backward_plan(n_rows, n_cols, weight_offset, dtypes, has_weight, casting_mode, need,
+                        device) -> BackwardPlan:
+    """``dtypes``: of dy, x, the weight as launched, dsum (None: there is none), dweight."""
+    return _backward_plan(n_rows, n_cols, weight_offset, dtypes, has_weight,
+                          dtypes[3] is not None, casting_mode == "llama", need,
+                          runtime.num_sms(device), TUNING)
+
+
+def _backward_launches(plan, dy, dsum, x, w, rstd, n_cols, need_dx, need_dw, dw_dtype):
+    """Allocate and launch the backward of a plan (n_rows > 0, n_cols > 0, contiguous dy, x,
+    dsum)."""
+    n_partials, launches = plan
+    dx = x.new_empty(x.shape if need_dx else (0,))
+    dsum = dsum if dsum is not None else dy  # never read without HAS_DSUM
+    # Row g of the partial buffer: the dweight sum of row group g.
+    dw_partial = x.new_empty((n_partials if need_dw else 0, n_cols), dtype=_stats_dtype(x.dtype))
+    dw = x.new_empty(n_cols if need_dw else 0, dtype=dw_dtype)
+    row_kernel = (dy, x, w, rstd, dsum, dx, dw_partial)
+    operands = {
+        "fused": row_kernel,
+        "dx_rows": row_kernel,  # the partial sums: not written
+        "dx": (dy, x, w, rstd, dsum, dx),
+        "dw": (dy, x, rstd, dw_partial),
+        "sum": (dw_partial, dw_partial, dw, dw),  # COMPUTE_DB off: the second pair is not read
+    }
+    for name, launch in launches.items():
+        launch.launch(*operands[name])
+    return dx, dw
+
+
+
+def _rms_norm_setup_context(ctx, inputs, output):
+    x, residual, weight, norm_ndim, _, weight_offset, casting_mode = inputs[:7]
+    y, total, rstd = output
+    ctx.mark_non_differentiable(rstd)  # saved statistics: no gradient flows through them
+    if residual is None:
+        ctx.mark_non_differentiable(total)  # the empty placeholder
+    # Gradients of unused outputs would otherwise be materialised as zero tensors only to be
+    # ignored (rstd's) or added (an unused sum's).
+    ctx.set_materialize_grads(False)
+    normalised = total if residual is not None else x
+    ctx.save_for_backward(normalised, weight, rstd)
+    ctx.norm_ndim, ctx.weight_offset, ctx.casting_mode = norm_ndim, weight_offset, casting_mode
+    ctx.has_residual = residual is not None
+    n_rows, n_cols = _rows_cols(x, norm_ndim)
+    if getattr(ctx, "eager", False) and n_rows and n_cols and normalised.is_contiguous() and (
+            weight is None or weight.is_contiguous()):
+        # The backward's plan, found now on the calling thread for the usual case (contiguous
+        # gradients of the outputs' dtypes, the sum's gradient present when there is a sum):
+        # the backward then only allocates and launches.
+        need = (ctx.needs_input_grad[0] or ctx.needs_input_grad[1], ctx.needs_input_grad[2])
+        dw_dtype = _dw_dtype(x, weight)
+        dtypes = (y.dtype, x.dtype, (weight if weight is not None else x).dtype,
+                  x.dtype if ctx.has_residual else None, dw_dtype)
+        ctx.backward_plan = (_find_backward_plan(n_rows, n_cols, weight_offset, dtypes,
+                                                 weight is not None, casting_mode, need,
+                                                 x.device), n_cols, need, dw_dtype, y.dtype)
+
+
+@runtime.launch_directly
+def _rms_norm_backward_planned(planned, dy, dsum, x, weight, rstd):
+    plan, n_cols, need, dw_dtype, _ = planned
+    return _backward_launches(plan, dy, dsum, x, weight if weight is not None else x, rstd,
+                              n_cols, *need, dw_dtype)
+
+
+def _takes_planned_backward(planned, dy, dsum, x, has_residual) -> bool:
+    return (planned is not None and dy.dtype == planned[-1] and dy.is_contiguous()
+            and dy.device == x.device and (dsum is not None) == has_residual
+            and (dsum is None or (dsum.dtype == x.dtype and dsum.is_contiguous()))
+            and runtime.eager_backward())
+
+
+def _rms_norm_backward_autograd(ctx, dy, dsum, _drstd):
+    x, weight, rstd = ctx.saved_tensors
+    need_x, need_residual, need_dw = ctx.needs_input_grad[:3]
+    need_dx = need_x or need_residual
+    unused = (None,) * 5  # norm_ndim, eps, weight_offset, casting_mode, out_dtype
+    if dy is None:  # y did not reach the loss: the sum's gradient passes through the add
+        return (dsum if need_x else None, dsum if need_residual else None, None, *unused)
+    planned = getattr(ctx, "backward_plan", None)
+    if _takes_planned_backward(planned, dy, dsum, x, ctx.has_residual):
+        # Autograd runs a CUDA backward on its device thread, already on x's device.
+        dx, dw = _rms_norm_backward_planned(planned, dy, dsum, x, weight, rstd)
+    else:
+        dx, dw = rms_norm_backward(dy, dsum, x, weight, rstd, ctx.norm_ndim, ctx.weight_offset,
+                                   ctx.casting_mode, need_dx, need_dw)
+    # d(x + residual) reaches x and residual alike: the same tensor, as torch's add returns.
+    return (dx if need_x else None, dx if need_residual else None,
+            dw.view(weight.shape) if need_dw else None, *unused)
+
+
+rms_norm_forward.register_autograd(
+    _rms_norm_backward_autograd, setup_context=_rms_norm_setup_context
+)
+
+
+# --------------------------------------------------------------------------------------------
+# Public functions.
+# --------------------------------------------------------------------------------------------
+#: How torch.nn.functional.rms_norm follows autocast in the installed torch: from torch 2.12 on
+#: torch's CUDA fp32 list (before: on no list; never on a CPU list). The fp32 rule's effect, fp32
+#: arithmetic and an fp32 result, is had by reading the fp16/bf16 inputs as they are (the
+#: kernels compute in fp32 anyway) and writing y in fp32: no cast copies of x and the weight.
+#: Only "torch" casting follows it: the transformers modules that "llama" and "gemma" reproduce
+#: cast explicitly, and autocast leaves their arithmetic as it is.
+AUTOCAST = runtime.AutocastPolicy({"cuda": "fp32"} if torch.__version__ >= (2, 12) else None)
+
+
+def _autocast_out_dtype(x: torch.Tensor, casting_mode: str) -> torch.dtype | None:
+    if casting_mode != "torch" or x.dtype == torch.float64:  # float64 is never autocast
+        return None
+    return AUTOCAST.dtype_for("cuda" if x.is_cuda else x.device.type)
+
+
+def _check_dense(t: torch.Tensor | None, name: str) -> None:
+    if t is not None and (t.is_nested or t.layout != torch.strided):
+        got = "a nested tensor" if t.is_nested else f"layout {t.layout}"
+        raise TypeError(f"{name} must be a dense (strided) tensor, got {got}")
+
+
+def _check_real(value, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a float, got {type(value).__name__}")
+    return float(value)
+
+
+def _check_arguments(x, residual, normalized_shape, weight, eps, weight_offset, casting_mode,
+                     check_residual: bool):
+    """Every argument checked before anything launches; ``(normalized shape, eps,
+    weight_offset)`` as the op takes them."""
+    runtime.check_tensor(x, "x", dtypes=FLOAT_DTYPES_WITH_FP64)
+    _check_dense(x, "x")
+    if check_residual:
+        runtime.check_tensor(residual, "residual", dtypes=FLOAT_DTYPES_WITH_FP64)
+        _check_dense(residual, "residual")
+        if residual.shape != x.shape:
+            raise ValueError(f"residual must have the shape of x {tuple(x.shape)}, got "
+                             f"{tuple(residual.shape)}")
+        runtime.check_same_dtype(x=x, residual=residual)
+    shape = _check_normalized_shape(normalized_shape, x)
+    _check_param(weight, "weight", shape)
+    _check_dense(weight, "weight")
+    runtime.check_same_device(x=x, residual=residual, weight=weight)
+    if eps is None:  # as torch: the epsilon of the arithmetic type (fp32 for fp16/bf16 rows)
+        eps = torch.finfo(_stats_dtype(x.dtype)).eps
+    eps = _check_real(eps, "eps")
+    if not eps >= 0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
+    weight_offset = _check_real(weight_offset, "weight_offset")
+    if not math.isfinite(weight_offset):
+        raise ValueError(f"weight_offset must be finite, got {weight_offset}")
+    if not isinstance(casting_mode, str):
+        raise TypeError(f"casting_mode must be a str, got {type(casting_mode).__name__}")
+    if casting_mode not in CASTING_MODES:
+        raise ValueError(f"casting_mode must be one of {list(CASTING_MODES)}, got "
+                         f"{casting_mode!r}")
+    return shape, eps, weight_offset
+
+
+def rms_norm(
+    x: torch.Tensor,
+    normalized_shape,
+    weight: torch.Tensor | None = None,
+    eps: float | None = None,
+    *,
+    weight_offset: float = 0.0,
+    casting_mode: str = "torch",
+) -> torch.Tensor:
+    """``torch.nn.functional.rms_norm`` in Triton: fp16/bf16/fp32 inputs with fp32 statistics
+    (fp64 computes in fp64), an optional ``weight`` of any float dtype, ``eps`` None for the
+    epsilon of the arithmetic type as torch's; differentiable with a deterministic ``dweight``,
+    traceable by ``torch.compile``, and following ``torch.autocast`` as torch's does.
+
+    ``weight_offset`` scales by ``weight_offset + weight`` (Gemma's ``1 + weight`` with 1.0; it
+    shifts a weight, so without one it has nothing to shift). ``casting_mode`` ``"llama"`` or
+    ``"gemma"`` rounds as transformers' LlamaRMSNorm or GemmaRMSNorm does (module docstring)."""
+    shape, eps, weight_offset = _check_arguments(x, None, normalized_shape, weight, eps,
+                                                 weight_offset, casting_mode, False)
+    y, _, _ = rms_norm_forward(x, None, weight, len(shape), eps, weight_offset, casting_mode,
+                               _autocast_out_dtype(x, casting_mode))
+    return y
+
+
+def add_rms_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    normalized_shape,
+    weight: torch.Tensor | None = None,
+    eps: float | None = None,
+    *,
+    weight_offset: float = 0.0,
+    casting_mode: str = "torch",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rms_norm(x + residual, ...), x + residual)`` in one pass: ``x`` and ``residual`` read
+    once, the sum (rounded to ``x``'s dtype, as torch's ``x + residual``) and the normalised
+    output written once. ``residual`` has ``x``'s shape and dtype. Gradients reach ``x`` and
+    ``residual`` through both outputs. Arguments otherwise as :func:`rms_norm`'s; under autocast
+    the sum keeps ``x``'s dtype (an add is on no autocast list) while the norm follows
+    ``F.rms_norm``."""
+    shape, eps, weight_offset = _check_arguments(x, residual, normalized_shape, weight, eps,
+                                                 weight_offset, casting_mode, True)
+    y, total, _ = rms_norm_forward(x, residual, weight, len(shape), eps, weight_offset,
+                                   casting_mode, _autocast_out_dtype(x, casting_mode))
+    return y, total

@@ -1,0 +1,675 @@
+"""rms_norm / add_rms_norm against F.rms_norm computed in float64 and against the rounding of
+transformers' Llama and Gemma RMSNorm modules: values and gradients, every kernel path.
+
+The forward streams rows past 4096 columns in chunks, the backward past 8192 (dx past 16384); the
+``path`` fixture replaces the module's ``TUNING`` with lower thresholds so that short rows exercise
+the chunked kernels in the interpreter in milliseconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import triton_workshop  # noqa: F401  (decides interpreter-or-GPU before the kernels import)
+from triton_workshop import runtime
+from triton_workshop.nn.rms_norm import RMSNorm
+from triton_workshop.ops import rms_norm as rms_norm_ops
+from triton_workshop.ops.rms_norm import add_rms_norm, rms_norm
+from triton_workshop.runtime import DEVICE, INTERPRET
+
+TOLERANCES = {
+    torch.float64: dict(atol=1e-10, rtol=1e-10),
+    torch.float32: dict(atol=2e-5, rtol=2e-5),
+    torch.float16: dict(atol=1e-2, rtol=1e-2),
+    torch.bfloat16: dict(atol=3e-2, rtol=2e-2),
+}
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+gpu_only = pytest.mark.skipif(INTERPRET, reason="needs a CUDA device")
+
+
+@pytest.fixture(params=["single_block", "dx_rows", "chunked"])
+def path(request, monkeypatch):
+    """Run the test on each kernel path: "chunked" for every row of more than 2 columns, in
+    chunks of at most 64 (so 1000 columns take 16 chunks); "dx_rows" is the backward for rows
+    too long for the fused kernel but not for dx alone (single-block dx, column-tiled sums)."""
+    tuning = rms_norm_ops.TUNING
+    if request.param != "single_block":
+        tuning = dataclasses.replace(tuning, backward_single_block_max_cols=2, chunk_cols=64)
+    if request.param == "chunked":
+        tuning = dataclasses.replace(tuning, single_block_max_cols=2, forward_chunk_cols=64,
+                                     backward_dx_single_block_max_cols=2)
+    monkeypatch.setattr(rms_norm_ops, "TUNING", tuning)
+    return request.param
+
+
+def _randn(*shape, dtype=torch.float32, seed=0, scale=1.0, shift=0.0):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    t = torch.randn(*shape, generator=g, dtype=torch.float64) * scale + shift
+    return t.to(DEVICE, dtype)
+
+
+def _weight(shape, dtype=torch.float32, seed=3):
+    return _randn(*shape, dtype=dtype, seed=seed, scale=0.5, shift=1.0).requires_grad_()
+
+
+def _as_tuple(normalized_shape):
+    return (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+
+
+def _default_eps(dtype):
+    """torch's eps=None: the epsilon of the arithmetic type (fp32 for fp16/bf16 rows)."""
+    return torch.finfo(torch.float64 if dtype == torch.float64 else torch.float32).eps
+
+
+def _as64(t):
+    return None if t is None else t.detach().double().requires_grad_(t.requires_grad)
+
+
+def _reference64(x64, shape, w64, eps, offset):
+    return F.rms_norm(x64, shape, None if w64 is None else w64 + offset, eps)
+
+
+def _grad_tolerance(*dtypes):
+    """A gradient is as exact as the coarsest dtype it passed through; dweight sums over rows."""
+    tol = max((TOLERANCES[d] for d in dtypes), key=lambda d: d["atol"])
+    return dict(atol=tol["atol"] * 4, rtol=tol["rtol"] * 2)
+
+
+def _check(x, normalized_shape, weight=None, eps=None, weight_offset=0.0, dy=None):
+    """rms_norm and its gradients (for every input that requires one) against float64 torch."""
+    y = rms_norm(x, normalized_shape, weight, eps, weight_offset=weight_offset)
+    assert y.dtype == x.dtype and y.shape == x.shape
+    shape = _as_tuple(normalized_shape)
+    eps64 = _default_eps(x.dtype) if eps is None else eps
+    x64, w64 = _as64(x), _as64(weight)
+    ref = _reference64(x64, shape, w64, eps64, weight_offset)
+    torch.testing.assert_close(y.double(), ref, **TOLERANCES[x.dtype])
+    inputs = [t for t in (x, weight) if t is not None and t.requires_grad]
+    if not inputs:
+        return
+    dy = _randn(*x.shape, dtype=x.dtype, seed=7) if dy is None else dy
+    grads = torch.autograd.grad(y, inputs, dy)
+    refs = torch.autograd.grad(ref, [t for t in (x64, w64) if t is not None and t.requires_grad],
+                               dy.double())
+    for t, g, r in zip(inputs, grads, refs):
+        assert g.dtype == t.dtype and g.shape == t.shape
+        torch.testing.assert_close(g.double(), r, **_grad_tolerance(x.dtype, t.dtype))
+
+
+SHAPES = [((3, 1), 1), ((4, 7), 7), ((5, 100), 100), ((3, 1000), 1000), ((2, 3, 33), 33),
+          ((2, 3, 5, 7), (5, 7))]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape,normalized_shape", SHAPES, ids=str)
+def test_values_and_grads(path, shape, normalized_shape, dtype):
+    x = _randn(*shape, dtype=dtype, scale=2.0, shift=0.5).requires_grad_()
+    _check(x, normalized_shape, _weight(_as_tuple(normalized_shape), dtype))
+
+
+def test_row_longer_than_one_forward_block():
+    """4097 columns: the default forward streams the row in chunks, the backward keeps it."""
+    x = _randn(2, 4097, shift=1.0).requires_grad_()
+    _check(x, 4097, _weight((4097,)))
+
+
+@pytest.mark.parametrize("eps", [None, 1e-3], ids=["eps_none", "eps_1e-3"])
+@pytest.mark.parametrize("weight_offset", [0.0, 1.0], ids=["offset0", "offset1"])
+@pytest.mark.parametrize("has_weight", [True, False], ids=["weight", "no_weight"])
+def test_weight_offset_eps(path, has_weight, weight_offset, eps):
+    # Small values: eps is not negligible against mean(x**2), so its value shows.
+    x = _randn(6, 50, scale=0.05, seed=1).requires_grad_()
+    w = _weight((50,), seed=4) if has_weight else None
+    _check(x, 50, w, eps, weight_offset)
+
+
+def test_eps_none_is_torchs_default():
+    """eps=None is F.rms_norm's: fp32's epsilon for fp16/bf16/fp32 rows, fp64's for fp64."""
+    for dtype in (torch.float32, torch.bfloat16, torch.float64):
+        x = _randn(3, 40, scale=1e-3, dtype=dtype, seed=2)
+        want = F.rms_norm(x.cpu(), (40,))
+        torch.testing.assert_close(rms_norm(x, 40).cpu(), want, atol=0,
+                                   rtol=2 * torch.finfo(dtype).eps)
+        assert not torch.allclose(F.rms_norm(x.cpu(), (40,), eps=1e-2).double(), want.double())
+
+
+@pytest.mark.parametrize(
+    "x_dtype,w_dtype",
+    [(torch.float16, torch.float32), (torch.bfloat16, torch.float32),
+     (torch.float32, torch.bfloat16), (torch.float16, torch.bfloat16)],
+    ids=str,
+)
+def test_weight_dtype_differs_from_input(path, x_dtype, w_dtype):
+    """As F.rms_norm: computed in fp32, the output in x's dtype, dweight in the weight's."""
+    x = _randn(8, 96, dtype=x_dtype).requires_grad_()
+    w = _weight((96,), w_dtype)
+    _check(x, 96, w)
+    assert F.rms_norm(x.detach().cpu(), (96,), w.detach().cpu()).dtype == x_dtype
+
+
+@pytest.mark.parametrize("need", ["x", "weight"])
+def test_grads_only_where_needed(path, need):
+    x = _randn(5, 40).requires_grad_(need == "x")
+    w = _weight((40,)).requires_grad_(need == "weight")
+    _check(x, 40, w)
+    rms_norm(x, 40, w).sum().backward()
+    assert (x.grad is not None) == (need == "x")
+    assert (w.grad is not None) == (need == "weight")
+
+
+def test_non_contiguous_input_and_grad(path):
+    x = _randn(64, 12).t().requires_grad_()  # rows of 64 with stride 12
+    x_sliced = _randn(12, 130)[:, ::2].requires_grad_()
+    for t in (x, x_sliced):
+        assert not t.is_contiguous()
+        dy = _randn(t.shape[1], t.shape[0], seed=9).t()
+        _check(t, t.shape[-1], _weight((t.shape[-1],)), dy=dy)
+
+
+def test_poisoned_outputs_are_fully_written(path, poisoned_new_empty):
+    """Every output, gradient and partial-sum buffer starts as NaN: none survives."""
+    x = _randn(37, 70, dtype=torch.float16).requires_grad_()
+    r = _randn(37, 70, dtype=torch.float16, seed=5).requires_grad_()
+    w = _weight((70,))
+    y, total = add_rms_norm(x, r, 70, w)
+    grads = torch.autograd.grad((y, total), (x, r, w), (_randn(37, 70, dtype=torch.float16),
+                                                        _randn(37, 70, dtype=torch.float16)))
+    for t in (y, total, *grads):
+        assert torch.isfinite(t).all()
+
+
+# --------------------------------------------------------------------------------------------
+# add_rms_norm: the residual add fused in.
+# --------------------------------------------------------------------------------------------
+def _check_add(x, residual, normalized_shape, weight=None, eps=1e-6, weight_offset=0.0,
+               outputs_used=("y", "sum")):
+    """add_rms_norm against float64 torch (``x + residual`` rounded to x's dtype, as torch adds
+    them, then normalised in float64); gradients through the outputs named in
+    ``outputs_used``."""
+    y, total = add_rms_norm(x, residual, normalized_shape, weight, eps,
+                            weight_offset=weight_offset)
+    assert y.dtype == total.dtype == x.dtype and y.shape == total.shape == x.shape
+    total_want = (x.detach() + residual.detach()).double()
+    exact = INTERPRET and x.dtype == torch.bfloat16  # the interpreter truncates fp32 -> bf16
+    torch.testing.assert_close(total.double(), total_want, atol=0,
+                               rtol=torch.finfo(x.dtype).eps if exact else 0)
+    shape = _as_tuple(normalized_shape)
+    x64, r64, w64 = _as64(x), _as64(residual), _as64(weight)
+    # Normalised: the rounded sum (checked above), with the gradient of the exact one.
+    total64 = x64 + r64
+    total64 = total64 + (total.detach().double() - total64).detach()
+    ref = _reference64(total64, shape, w64, eps, weight_offset)
+    torch.testing.assert_close(y.double(), ref, **TOLERANCES[x.dtype])
+    inputs = [t for t in (x, residual, weight) if t is not None and t.requires_grad]
+    refs64 = [t for t in (x64, r64, w64) if t is not None and t.requires_grad]
+    dy = _randn(*x.shape, dtype=x.dtype, seed=7)
+    dsum = _randn(*x.shape, dtype=x.dtype, seed=8)
+    ours = [o for name, o in (("y", y), ("sum", total)) if name in outputs_used]
+    theirs = [o for name, o in (("y", ref), ("sum", total64)) if name in outputs_used]
+    seeds = [g for name, g in (("y", dy), ("sum", dsum)) if name in outputs_used]
+    grads = torch.autograd.grad(ours, inputs, seeds, allow_unused=True)
+    ref_grads = torch.autograd.grad(theirs, refs64, [s.double() for s in seeds],
+                                    allow_unused=True)
+    for t, g, r in zip(inputs, grads, ref_grads):
+        if r is None:  # the weight, with only the sum used
+            assert g is None
+            continue
+        assert g.dtype == t.dtype and g.shape == t.shape
+        torch.testing.assert_close(g.double(), r, **_grad_tolerance(x.dtype, t.dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape,normalized_shape", [((5, 100), 100), ((2, 3, 33), 33),
+                                                    ((3, 1), 1), ((2, 3, 5, 7), (5, 7))], ids=str)
+def test_add_rms_norm_values_and_grads(path, shape, normalized_shape, dtype):
+    x = _randn(*shape, dtype=dtype, seed=1).requires_grad_()
+    r = _randn(*shape, dtype=dtype, seed=2, scale=3.0).requires_grad_()
+    _check_add(x, r, normalized_shape, _weight(_as_tuple(normalized_shape), dtype))
+
+
+@pytest.mark.parametrize("outputs_used", [("y",), ("sum",), ("y", "sum")], ids=str)
+@pytest.mark.parametrize("weight_offset", [0.0, 1.0])
+def test_add_rms_norm_gradient_paths(path, outputs_used, weight_offset):
+    """The gradient reaches x and residual through the normed output, the sum, or both."""
+    x = _randn(6, 70, seed=3).requires_grad_()
+    r = _randn(6, 70, seed=4).requires_grad_()
+    _check_add(x, r, 70, _weight((70,)), weight_offset=weight_offset, outputs_used=outputs_used)
+
+
+def test_add_rms_norm_grads_only_where_needed():
+    x = _randn(4, 30, seed=5).requires_grad_()
+    r = _randn(4, 30, seed=6)
+    w = _weight((30,)).requires_grad_(False)
+    _check_add(x, r, 30, w)
+    y, total = add_rms_norm(x, r, 30, w)
+    (y.sum() + total.sum()).backward()
+    assert x.grad is not None and r.grad is None and w.grad is None
+
+
+def test_add_rms_norm_non_contiguous(path):
+    x = _randn(40, 9, seed=1).t().requires_grad_()
+    r = _randn(9, 80, seed=2)[:, ::2].requires_grad_()
+    _check_add(x, r, 40, _weight((40,)), eps=1e-5)
+
+
+# --------------------------------------------------------------------------------------------
+# Casting modes: the rounding of transformers' LlamaRMSNorm and GemmaRMSNorm.
+# --------------------------------------------------------------------------------------------
+def _llama_formula(x, weight, eps, offset=0.0):
+    """transformers' LlamaRMSNorm.forward, with Gemma's offset applied as torch would add it."""
+    input_dtype = x.dtype
+    h = x.to(torch.float32)
+    variance = h.pow(2).mean(-1, keepdim=True)
+    h = h * torch.rsqrt(variance + eps)
+    h = h.to(input_dtype)
+    return h if weight is None else (offset + weight) * h
+
+
+def _gemma_formula(x, weight, eps, offset=1.0):
+    """transformers' GemmaRMSNorm.forward."""
+    out = x.float()
+    out = out * torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + eps)
+    if weight is not None:
+        out = out * (offset + weight.float())
+    return out.type_as(x)
+
+
+def _ulps(dtype, n=2):
+    """``n`` units in the last place of ``dtype`` as a relative tolerance (one rounding of ours
+    and torch's may fall either side; the interpreter truncates bf16 where a GPU rounds)."""
+    return dict(rtol=n * torch.finfo(dtype).eps, atol=n * torch.finfo(dtype).tiny)
+
+
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+@pytest.mark.parametrize(
+    "x_dtype,w_dtype",
+    [(torch.bfloat16, torch.float32), (torch.bfloat16, torch.bfloat16),
+     (torch.float16, torch.float16), (torch.float32, torch.float32),
+     (torch.float16, torch.bfloat16)],
+    ids=str,
+)
+@pytest.mark.parametrize("mode", ["llama", "gemma"])
+def test_casting_modes_match_transformers_formulas(path, mode, x_dtype, w_dtype, offset):
+    x = _randn(6, 72, dtype=x_dtype, seed=11, scale=1.5).requires_grad_()
+    w = _randn(72, dtype=w_dtype, seed=12, scale=0.3, shift=1.0 - offset).requires_grad_()
+    formula = _llama_formula if mode == "llama" else _gemma_formula
+    want = formula(x.detach().cpu(), w.detach().cpu(), 1e-6, offset)
+    y = rms_norm(x, 72, w, 1e-6, weight_offset=offset, casting_mode=mode)
+    assert y.dtype == want.dtype  # llama: x's and the weight's promotion; gemma: x's
+    # Each rounding may land one ulp apart (our rstd and torch's need not agree to the bit),
+    # an ulp of the coarsest dtype rounded to.
+    coarsest = max(x_dtype, w_dtype, key=lambda d: torch.finfo(d).eps)
+    torch.testing.assert_close(y.cpu().double(), want.double(), **_ulps(coarsest, 4))
+    # The gradients of the unrounded function: roundings of x's dtype apart.
+    dy = _randn(6, 72, dtype=y.dtype, seed=13)
+    grads = torch.autograd.grad(y, (x, w), dy)
+    x64, w64 = _as64(x), _as64(w)
+    ref_grads = torch.autograd.grad(_reference64(x64, (72,), w64, 1e-6, offset), (x64, w64),
+                                    dy.double())
+    for t, g, r in zip((x, w), grads, ref_grads):
+        assert g.dtype == t.dtype
+        torch.testing.assert_close(g.double(), r, **_grad_tolerance(x_dtype, w_dtype))
+
+
+@pytest.mark.parametrize("mode", ["llama", "gemma"])
+def test_casting_modes_without_weight(mode):
+    x = _randn(4, 33, dtype=torch.float16, seed=14)
+    formula = _llama_formula if mode == "llama" else _gemma_formula
+    y = rms_norm(x, 33, None, 1e-6, casting_mode=mode)
+    assert y.dtype == torch.float16
+    torch.testing.assert_close(y.cpu(), formula(x.cpu(), None, 1e-6), **_ulps(torch.float16))
+
+
+def test_add_rms_norm_llama_casting():
+    x = _randn(5, 48, dtype=torch.bfloat16, seed=15)
+    r = _randn(5, 48, dtype=torch.bfloat16, seed=16)
+    w = _randn(48, seed=17, scale=0.2, shift=1.0)
+    y, total = add_rms_norm(x, r, 48, w, 1e-6, casting_mode="llama")
+    want = _llama_formula((x + r).cpu(), w.cpu(), 1e-6)
+    assert y.dtype == torch.float32
+    # The sum and x * rstd rounded to bf16 (the interpreter truncates where a GPU rounds).
+    torch.testing.assert_close(y.cpu().double(), want.double(), **_ulps(torch.bfloat16, 4))
+
+
+@pytest.mark.slow  # importing transformers' model classes takes ~10 s on the CPU
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_matches_transformers_modules(dtype):
+    """The modules themselves, in a bf16/fp16 model with fp32 weights and with weights of the
+    model's dtype: the casting modes reproduce their output dtypes and values."""
+    pytest.importorskip("transformers")
+    from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    x = _randn(3, 5, 64, dtype=dtype, seed=18, scale=2.0)
+    for w_dtype in (torch.float32, dtype):
+        llama = LlamaRMSNorm(64, eps=1e-6).to(DEVICE, w_dtype)
+        gemma = GemmaRMSNorm(64, eps=1e-6).to(DEVICE, w_dtype)
+        with torch.no_grad():
+            llama.weight.copy_(_randn(64, seed=19, scale=0.2, shift=1.0))
+            gemma.weight.copy_(_randn(64, seed=20, scale=0.2))
+        for module, mode, offset in ((llama, "llama", 0.0), (gemma, "gemma", 1.0)):
+            want = module(x)
+            got = rms_norm(x, 64, module.weight, 1e-6, weight_offset=offset, casting_mode=mode)
+            assert got.dtype == want.dtype, (mode, w_dtype)
+            torch.testing.assert_close(got.double(), want.double(), **_ulps(dtype, 4))
+
+
+def test_llama_casting_is_bitwise_on_fp16():
+    """fp16: both roundings are to nearest on the CPU too, and the products exact in fp32, so
+    ours and the formula's agree to the bit wherever our rstd and torch's do."""
+    x = _randn(16, 64, dtype=torch.float16, seed=21)
+    w = _randn(64, dtype=torch.float16, seed=22, scale=0.2, shift=1.0)
+    y = rms_norm(x, 64, w, 1e-6, casting_mode="llama")
+    want = _llama_formula(x.cpu(), w.cpu(), 1e-6)
+    mismatched = (y.cpu() != want).float().mean().item()
+    assert mismatched < 0.02, mismatched
+
+
+# --------------------------------------------------------------------------------------------
+# Determinism, float64, empty tensors, torch.compile, autocast.
+# --------------------------------------------------------------------------------------------
+def test_backward_is_deterministic(path):
+    # Enough rows that several programs each contribute a partial dweight.
+    x = _randn(64, 300, dtype=torch.float16).requires_grad_()
+    r = _randn(64, 300, dtype=torch.float16, seed=1).requires_grad_()
+    w = _weight((300,))
+    dy = _randn(64, 300, dtype=torch.float16, seed=5)
+    runs = [torch.autograd.grad(add_rms_norm(x, r, 300, w)[0], (x, r, w), dy) for _ in range(2)]
+    for first, second in zip(*runs):
+        assert torch.equal(first, second)
+
+
+def test_gradcheck_float64(path):
+    # fp64 inputs compute in fp64 inside the kernels, so finite differences are meaningful.
+    x = _randn(2, 5, dtype=torch.float64).requires_grad_()
+    r = _randn(2, 5, dtype=torch.float64, seed=1).requires_grad_()
+    w = _randn(5, dtype=torch.float64, seed=2).requires_grad_()
+    assert torch.autograd.gradcheck(
+        lambda x, r, w: add_rms_norm(x, r, 5, w, 1e-5, weight_offset=1.0), (x, r, w),
+        fast_mode=True)
+    assert torch.autograd.gradcheck(lambda x, w: rms_norm(x, 5, w, 1e-5), (x, w), fast_mode=True)
+    assert torch.autograd.gradcheck(lambda x: rms_norm(x, 5), (x,), fast_mode=True)
+
+
+@pytest.mark.parametrize(
+    "shape,normalized_shape", [((0, 8), 8), ((4, 0), 0), ((2, 0, 3), (0, 3))], ids=str
+)
+def test_empty(shape, normalized_shape):
+    norm = _as_tuple(normalized_shape)
+    x = torch.empty(shape, device=DEVICE, requires_grad=True)
+    r = torch.empty(shape, device=DEVICE, requires_grad=True)
+    w = torch.ones(norm, device=DEVICE, requires_grad=True)
+    y = rms_norm(x, normalized_shape, w)
+    assert y.shape == x.shape
+    y.sum().backward()
+    assert x.grad.shape == x.shape and torch.equal(w.grad, torch.zeros_like(w))
+    y, total = add_rms_norm(x, r, normalized_shape, w)
+    assert y.shape == total.shape == x.shape
+    (y.sum() + total.sum()).backward()
+    assert r.grad.shape == x.shape
+
+
+def test_torch_compile_matches_eager():
+    def f(x, r, w):
+        y = rms_norm(x * 2.0, (x.shape[-1],), w, 1e-5, weight_offset=1.0)
+        y2, total = add_rms_norm(y, r, x.shape[-1], w, casting_mode="llama")
+        return (y2.square() + total).sum(-1)
+
+    x = _randn(6, 40).requires_grad_()
+    r = _randn(6, 40, seed=1).requires_grad_()
+    w = _weight((40,))
+    compiled = torch.compile(f, fullgraph=True)
+    out_c = compiled(x, r, w)
+    grads_c = torch.autograd.grad(out_c.sum(), (x, r, w))
+    out_e = f(x, r, w)
+    grads_e = torch.autograd.grad(out_e.sum(), (x, r, w))
+    torch.testing.assert_close(out_c, out_e)
+    for gc, ge in zip(grads_c, grads_e):
+        torch.testing.assert_close(gc, ge)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_autocast_leaves_dtypes_as_torch_does(dtype):
+    """Under autocast of this device type the output dtypes are F.rms_norm's (on a GPU: CUDA's
+    fp32 list, fp32 results; on the CPU: on no list, dtypes as without autocast)."""
+    x = _randn(4, 24, seed=23)
+    xl = x.to(dtype)
+    w = _randn(24, seed=24)
+    with torch.autocast(DEVICE.type, dtype=dtype):
+        for inp in (x, xl):
+            want = F.rms_norm(inp, (24,), w)
+            got = rms_norm(inp, 24, w)
+            assert got.dtype == want.dtype
+            torch.testing.assert_close(got.double(), want.double(), **TOLERANCES[want.dtype])
+        y, total = add_rms_norm(xl, xl, 24, w)
+        assert y.dtype == F.rms_norm(xl + xl, (24,), w).dtype and total.dtype == dtype
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_autocast_fp32_rule(monkeypatch, dtype):
+    """The CUDA rule, tried on this device type: fp32 arithmetic and an fp32 output from
+    low-precision inputs as they are (what torch's cast-then-compute gives), gradients in the
+    inputs' dtypes; add_rms_norm's sum stays in x's dtype; llama/gemma casting is untouched."""
+    monkeypatch.setattr(rms_norm_ops, "AUTOCAST", runtime.AutocastPolicy({DEVICE.type: "fp32"}))
+    x = _randn(5, 40, dtype=dtype, seed=25).requires_grad_()
+    w = _randn(40, dtype=dtype, seed=26, shift=1.0).requires_grad_()
+    with torch.autocast(DEVICE.type, dtype=dtype):
+        y = rms_norm(x, 40, w)
+        y2, total = add_rms_norm(x, x, 40, w)
+        llama = rms_norm(x, 40, w, casting_mode="llama")
+    assert y.dtype == y2.dtype == torch.float32 and total.dtype == dtype
+    assert llama.dtype == dtype
+    want = F.rms_norm(x.detach().float(), (40,), w.detach().float())
+    torch.testing.assert_close(y, want, **TOLERANCES[torch.float32])
+    gx, gw = torch.autograd.grad(y, (x, w), _randn(5, 40, seed=27))
+    assert gx.dtype == gw.dtype == dtype
+
+
+# --------------------------------------------------------------------------------------------
+# The module.
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "kwargs", [{}, {"elementwise_affine": False}, {"eps": 1e-3}], ids=str
+)
+def test_module_is_a_drop_in_for_torch_rms_norm(kwargs):
+    ref = torch.nn.RMSNorm((4, 6), device=DEVICE, **kwargs)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.copy_(_randn(*p.shape, seed=11))
+    ours = RMSNorm((4, 6), device=DEVICE, **kwargs)
+    assert [n for n, _ in ours.named_parameters()] == [n for n, _ in ref.named_parameters()]
+    assert repr(ours) == repr(ref)
+    ours.load_state_dict(ref.state_dict())
+    ref.load_state_dict(ours.state_dict())  # and back: the same keys and shapes
+    x = _randn(3, 4, 6, shift=2.0)
+    x_ours, x_ref = x.clone().requires_grad_(), x.clone().requires_grad_()
+    y_ours, y_ref = ours(x_ours), ref(x_ref)
+    torch.testing.assert_close(y_ours, y_ref, **TOLERANCES[torch.float32])
+    dy = _randn(3, 4, 6, seed=12)
+    y_ours.backward(dy)
+    y_ref.backward(dy)
+    torch.testing.assert_close(x_ours.grad, x_ref.grad, **TOLERANCES[torch.float32])
+    for p_ours, p_ref in zip(ours.parameters(), ref.parameters()):
+        torch.testing.assert_close(p_ours.grad, p_ref.grad, **TOLERANCES[torch.float32])
+
+
+def test_module_defaults_and_extras():
+    m = RMSNorm(8, dtype=torch.float16)
+    t = torch.nn.RMSNorm(8, dtype=torch.float16)
+    assert m.normalized_shape == t.normalized_shape == (8,) and m.eps is None
+    assert m.weight.dtype == torch.float16 and torch.equal(m.weight, t.weight)
+    with torch.no_grad():
+        m.weight.zero_()
+    m.reset_parameters()
+    assert torch.equal(m.weight, torch.ones(8, dtype=torch.float16))
+    gemma = RMSNorm(8, eps=1e-6, weight_offset=1.0, casting_mode="gemma", device=DEVICE)
+    assert torch.equal(gemma.weight, torch.zeros(8, device=DEVICE))  # 1 + weight = 1
+    assert "weight_offset=1.0" in repr(gemma) and "casting_mode='gemma'" in repr(gemma)
+    x = _randn(2, 8, seed=13)
+    torch.testing.assert_close(gemma(x), F.rms_norm(x, (8,), eps=1e-6))
+
+
+# --------------------------------------------------------------------------------------------
+# Plans and bad input.
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("n_cols, kernels", [
+    (8192, ["fused", "sum"]),
+    (16384, ["dx_rows", "dw", "sum"]),  # dx alone fits a block; the sums are column-tiled
+    (16385, ["dx", "dw", "sum"]),
+])
+def test_backward_plan_by_row_length(n_cols, kernels):
+    dtypes = (torch.float16,) * 4 + (torch.float32,)
+    plan = rms_norm_ops._backward_plan(4096, n_cols, 0.0, dtypes, True, True, False,
+                                       (True, True), 132, rms_norm_ops.TUNING)
+    assert list(plan.launches) == kernels
+    without_dw = rms_norm_ops._backward_plan(4096, n_cols, 0.0, dtypes, True, True, False,
+                                             (True, False), 132, rms_norm_ops.TUNING)
+    assert list(without_dw.launches) == [k for k in kernels if k not in ("dw", "sum")]
+
+
+def test_every_launch_goes_through_a_plan(monkeypatch, planned_launches):
+    x = _randn(4, 300, shift=2.0).requires_grad_()
+    w = _weight((300,))
+    with monkeypatch.context() as m:
+        m.setattr(rms_norm_ops, "TUNING", dataclasses.replace(
+            rms_norm_ops.TUNING, single_block_max_cols=256, forward_chunk_cols=64,
+            backward_single_block_max_cols=256, backward_dx_single_block_max_cols=256,
+            chunk_cols=64))
+        _check(x, 300, w)
+    assert [name for name, _ in planned_launches] == [
+        "rms_norm_fwd_chunked_kernel", "rms_norm_bwd_dx_chunked_kernel",
+        "rms_norm_bwd_dw_chunked_kernel", "layer_norm_bwd_sum_partials_kernel"]
+    planned_launches.clear()
+    _check(x, 300, w)
+    assert [name for name, _ in planned_launches] == [
+        "rms_norm_fwd_kernel", "rms_norm_bwd_kernel", "layer_norm_bwd_sum_partials_kernel"]
+
+
+def test_eager_backward_takes_the_plan_made_in_the_forward(monkeypatch):
+    calls = []
+    planned = rms_norm_ops._rms_norm_backward_planned
+    monkeypatch.setattr(rms_norm_ops, "_rms_norm_backward_planned",
+                        lambda *args: calls.append(1) or planned(*args))
+    x = _randn(6, 40).requires_grad_()
+    _check(x, 40, _weight((40,)))
+    assert calls == [1]
+    _check(x, 40, _weight((40,)), dy=_randn(40, 6, seed=2).t())  # a strided gradient: the op
+    assert calls == [1]
+    _check_add(x, _randn(6, 40, seed=3).requires_grad_(), 40, _weight((40,)))
+    assert calls == [1, 1]
+
+
+def _x():
+    return torch.ones(2, 3, 4, device=DEVICE)
+
+
+@pytest.mark.parametrize(
+    "make_args,kwargs,error,match",
+    [
+        (lambda: ([1.0, 2.0], 2), {}, TypeError, "x must be a torch.Tensor"),
+        (lambda: (torch.ones(2, 4, dtype=torch.int64, device=DEVICE), 4), {}, TypeError,
+         "x must have"),
+        (lambda: (_x().to_sparse(), 4), {}, TypeError, "x must be a dense"),
+        (lambda: (_x(), 3), {}, ValueError, "normalized_shape"),
+        (lambda: (_x(), (2, 4)), {}, ValueError, "normalized_shape"),
+        (lambda: (_x(), ()), {}, ValueError, "normalized_shape"),
+        (lambda: (_x(), 4.0), {}, TypeError, "normalized_shape"),
+        (lambda: (_x(), 4, torch.ones(3, device=DEVICE)), {}, ValueError, "weight"),
+        (lambda: (_x(), 4, "w"), {}, TypeError, "weight"),
+        (lambda: (_x(), 4, torch.ones(4, dtype=torch.int32, device=DEVICE)), {}, TypeError,
+         "weight"),
+        (lambda: (_x(), 4, None, -1.0), {}, ValueError, "eps"),
+        (lambda: (_x(), 4, None, "1e-5"), {}, TypeError, "eps"),
+        (lambda: (_x(), 4), {"weight_offset": "1"}, TypeError, "weight_offset"),
+        (lambda: (_x(), 4), {"weight_offset": float("nan")}, ValueError, "weight_offset"),
+        (lambda: (_x(), 4), {"casting_mode": "llama2"}, ValueError, "casting_mode"),
+        (lambda: (_x(), 4), {"casting_mode": 1}, TypeError, "casting_mode"),
+    ],
+    ids=[
+        "x_not_tensor", "x_int", "x_sparse", "shape_mismatch", "shape_mismatch_2d",
+        "shape_empty", "shape_float", "weight_shape", "weight_not_tensor", "weight_int",
+        "eps_negative", "eps_str", "offset_str", "offset_nan", "casting_unknown", "casting_int",
+    ],
+)
+def test_bad_inputs(monkeypatch, make_args, kwargs, error, match):
+    monkeypatch.setattr(runtime.registry, "launch_kernel", _no_launch)
+    with pytest.raises(error, match=match):
+        rms_norm(*make_args(), **kwargs)
+
+
+def _no_launch(*args, **kwargs):
+    raise AssertionError("a kernel was launched before the arguments were checked")
+
+
+@pytest.mark.parametrize(
+    "make_args,error,match",
+    [
+        (lambda: (_x(), "r", 4), TypeError, "residual must be a torch.Tensor"),
+        (lambda: (_x(), torch.ones(2, 3, 1, device=DEVICE), 4), ValueError, "residual"),
+        (lambda: (_x(), _x().half(), 4), TypeError, "residual"),
+        (lambda: (_x(), _x(), 3), ValueError, "normalized_shape"),
+        (lambda: (_x(), _x(), 4, torch.ones(5, device=DEVICE)), ValueError, "weight"),
+    ],
+    ids=["residual_not_tensor", "residual_shape", "residual_dtype", "shape", "weight_shape"],
+)
+def test_add_rms_norm_bad_inputs(monkeypatch, make_args, error, match):
+    monkeypatch.setattr(runtime.registry, "launch_kernel", _no_launch)
+    with pytest.raises(error, match=match):
+        add_rms_norm(*make_args())
+
+
+def test_nested_input_is_refused():
+    nested = torch.nested.nested_tensor([torch.ones(2, 4), torch.ones(3, 4)]).to(DEVICE)
+    with pytest.raises((TypeError, ValueError), match="x"):
+        rms_norm(nested, 4)
+
+
+@gpu_only
+def test_mismatched_devices():
+    with pytest.raises(ValueError, match="weight"):
+        rms_norm(_x(), 4, torch.ones(4))  # weight on the CPU, x on the GPU
+    with pytest.raises(ValueError, match="residual"):
+        add_rms_norm(_x(), torch.ones(2, 3, 4), 4)
+
+
+# --------------------------------------------------------------------------------------------
+# GPU: the default long-row paths at their sizes, and offsets past 2**31.
+# --------------------------------------------------------------------------------------------
+@gpu_only
+@pytest.mark.gpu
+@pytest.mark.parametrize("n_cols", [4096, 8192, 10000, 16384, 16385, 65536])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_long_rows_on_the_gpu(n_cols, dtype):
+    x = _randn(300, n_cols, dtype=dtype, shift=0.3).requires_grad_()
+    r = _randn(300, n_cols, dtype=dtype, seed=1).requires_grad_()
+    _check(x, n_cols, _weight((n_cols,), dtype))
+    _check_add(x, r, n_cols, _weight((n_cols,), dtype))
+
+
+@pytest.mark.big_memory
+@gpu_only
+@pytest.mark.gpu
+def test_offsets_past_2_31_elements():
+    # 2**31 + 4096 fp16 elements (4 GiB): row index * n_cols overflows int32 in the last rows.
+    n_cols = 1024
+    n_rows = 2**31 // n_cols + 4
+    x = torch.zeros(n_rows, n_cols, device="cuda", dtype=torch.float16)
+    x[-8:].normal_()
+    w = torch.randn(n_cols, device="cuda", dtype=torch.float16, requires_grad=True)
+    x.requires_grad_()
+    y = rms_norm(x, n_cols, w, 1e-6)
+    torch.testing.assert_close(
+        y[-8:].float(), F.rms_norm(x[-8:].float(), (n_cols,), w.float(), 1e-6),
+        **TOLERANCES[torch.float16])
+    dy = torch.zeros_like(y)
+    dy[-8:] = 1.0
+    gx, gw = torch.autograd.grad(y, (x, w), dy)
+    x8 = x[-8:].detach().float().requires_grad_()
+    w8 = w.detach().float().requires_grad_()
+    rx, rw = torch.autograd.grad(F.rms_norm(x8, (n_cols,), w8, 1e-6), (x8, w8), dy[-8:].float())
+    torch.testing.assert_close(gx[-8:].float(), rx, **TOLERANCES[torch.float16])
+    torch.testing.assert_close(gw.float(), rw, atol=5e-2, rtol=1e-2)
