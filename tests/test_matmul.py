@@ -332,7 +332,7 @@ def test_bad_linear_inputs():
     with pytest.raises(ValueError, match="^bias must have 1 dimensions"):
         linear(x, w, rand(1, 4))
     with pytest.raises(TypeError, match="^bias must have dtype"):
-        linear(x, w, torch.ones(4, dtype=torch.int32))
+        linear(x, w, torch.ones(4, dtype=torch.int32, device=x.device))  # x's device: the dtype fails
     with pytest.raises(TypeError, match="^bias must be a torch.Tensor"):
         linear(x, w, [0.0] * 4)
     with pytest.raises(ValueError, match="^activation must be one of"):

@@ -208,3 +208,18 @@ def test_a_small_tune_case_runs_in_the_interpreter():
     small = tune.attention_case(1, 2, 1, 16, 16, True)
     small(torch.device(runtime.DEVICE), torch.float32)
     assert case.quick
+
+
+def test_traced_launch_gets_the_known_config():
+    """runtime.wrap_triton outside a direct launch (what torch.compile traces) hands an autotuned
+    kernel of one known config to torch.library.wrap_triton; the call still computes x + y."""
+    timer = StubTimer([3.0, 1.0, 2.0])
+    tuner = make_tuner(timer)
+    launch(tuner, 100)
+    x, y = torch.randn(100), torch.randn(100)
+    out = torch.full((100,), float("nan"))
+    traced = runtime.wrap_triton(tuner)
+    assert traced is not tuner
+    traced[lambda meta: (triton.cdiv(100, meta["BLOCK"]),)](x, y, out, 100)
+    torch.testing.assert_close(out, x + y)
+    assert timer.calls == 3  # nothing timed again

@@ -16,6 +16,7 @@ from . import mode  # first: sets TRITON_INTERPRET before Triton decorates anyth
 from .mode import DEVICE, INTERPRET, INTERPRET_REASON, mode_description  # noqa: E402
 from .checks import (  # noqa: E402
     FLOAT_DTYPES,
+    check_dense,
     check_kernel_device,
     check_same_device,
     check_same_dtype,
@@ -35,7 +36,14 @@ from .tiling import (  # noqa: E402
     shared_memory_limit,
 )
 from . import launch  # noqa: E402
-from .launch import FastLaunch, PreparedLaunch, device_guard, fast_launcher  # noqa: E402
+from .launch import (  # noqa: E402
+    FastLaunch,
+    PreparedLaunch,
+    device_guard,
+    fast_launcher,
+    launch_ready,
+    stub_launches,
+)
 from . import registry  # noqa: E402
 from .registry import (  # noqa: E402
     AutocastPolicy,
@@ -54,10 +62,11 @@ from .plans import LaunchPlan, plan_cache  # noqa: E402
 __all__ = [
     "mode", "launch", "registry", "plans", "LaunchPlan", "plan_cache",
     "DEVICE", "INTERPRET", "INTERPRET_REASON", "mode_description",
-    "FLOAT_DTYPES", "check_kernel_device", "check_same_device", "check_same_dtype", "check_tensor",
+    "FLOAT_DTYPES", "check_dense", "check_kernel_device", "check_same_device", "check_same_dtype", "check_tensor",
     "RowTile", "acc_dtype", "autotune", "bucket", "cdiv", "chunk_tile", "next_power_of_2", "num_sms",
     "num_warps_for", "row_tile", "shared_memory_limit",
-    "FastLaunch", "PreparedLaunch", "device_guard", "fast_launcher",
+    "FastLaunch", "PreparedLaunch", "device_guard", "fast_launcher", "launch_ready",
+    "stub_launches",
     "AutocastPolicy", "RegisteredOp", "eager_backward", "follows_autocast", "launch_directly",
     "launch_kernel", "launching_directly", "register_op", "wrap_triton",
 ]

@@ -15,6 +15,22 @@ def _dtype_names(dtypes: Iterable[torch.dtype]) -> str:
     return ", ".join(str(d).replace("torch.", "") for d in dtypes)
 
 
+_Tensor = torch.Tensor
+_STRIDED = torch.strided
+
+#: How an error names a tensor of another layout than torch.strided.
+_LAYOUT_NAMES = {
+    torch.sparse_coo: "a sparse COO tensor",
+    torch.sparse_csr: "a sparse CSR tensor",
+    torch.sparse_csc: "a sparse CSC tensor",
+    torch.sparse_bsr: "a sparse BSR tensor",
+    torch.sparse_bsc: "a sparse BSC tensor",
+    torch._mkldnn: "an mkldnn tensor",
+}
+if hasattr(torch, "jagged"):
+    _LAYOUT_NAMES[torch.jagged] = "a nested (jagged) tensor"
+
+
 def check_tensor(
     t,
     name: str,
@@ -22,10 +38,16 @@ def check_tensor(
     dtypes: Sequence[torch.dtype] | None = None,
     ndim: int | Sequence[int] | None = None,
 ) -> None:
-    """Type, device, dtype and rank of one tensor argument."""
-    if not isinstance(t, torch.Tensor):
+    """Type, layout, device, dtype and rank of one tensor argument.
+
+    Kernels read dense memory through strides: nested, sparse and mkldnn tensors are refused
+    here, by name, before anything looks at their (absent or meaningless) strides."""
+    if not isinstance(t, _Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    check_kernel_device(t, name)
+    if t.layout is not _STRIDED or t.is_nested:
+        check_dense(t, name)
+    if not (t.is_cuda or (mode.INTERPRET and t.is_cpu)):
+        check_kernel_device(t, name)
     if dtypes is not None and t.dtype not in dtypes:
         raise TypeError(f"{name} must have dtype in ({_dtype_names(dtypes)}), got {t.dtype}")
     if ndim is not None:
@@ -33,6 +55,18 @@ def check_tensor(
         if t.dim() not in allowed:
             want = " or ".join(str(n) for n in allowed)
             raise ValueError(f"{name} must have {want} dimensions, got shape {tuple(t.shape)}")
+
+
+def check_dense(t: torch.Tensor, name: str) -> None:
+    """A dense (strided) tensor: nested tensors (which report the strided layout), sparse
+    tensors of every layout and mkldnn tensors are refused with a ``TypeError`` naming the
+    argument and the layout."""
+    if t.is_nested:
+        raise TypeError(f"{name} must be a dense (strided) tensor, got a nested tensor")
+    layout = t.layout
+    if layout is not _STRIDED:
+        what = _LAYOUT_NAMES.get(layout, f"a tensor of layout {layout}")
+        raise TypeError(f"{name} must be a dense (strided) tensor, got {what}")
 
 
 def check_kernel_device(t: torch.Tensor, name: str) -> None:

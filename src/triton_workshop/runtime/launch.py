@@ -18,6 +18,7 @@ import functools
 import inspect
 import os
 import threading
+import types
 
 import torch
 import triton
@@ -132,12 +133,19 @@ else:
 _NO_GUARD = contextlib.nullcontext()
 
 
+#: The current CUDA device as an int: torch's C getter (a CUDA tensor exists, so CUDA is
+#: initialised), without ``torch.cuda.current_device``'s Python in front of it.
+_cuda_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
+
+
 def device_guard(t: torch.Tensor):
     """Launch on the tensor's own device (``cuda:1`` works), not on the current one. Switching
-    devices costs microseconds of CPU a call: skipped when the tensor is on the current one."""
-    device = t.device
-    if device.type == "cuda" and device.index != torch.cuda.current_device():
-        return torch.cuda.device(device)
+    devices costs microseconds of CPU a call: skipped when the tensor is on the current one
+    (two flags and an int compared; no ``torch.device`` built)."""
+    if t.is_cuda:
+        index = t.get_device()
+        if index != _cuda_device():
+            return torch.cuda.device(index)
     return _NO_GUARD
 
 
@@ -171,6 +179,16 @@ _LAUNCHER_SIGNATURES = (
      "launch_enter_hook", "launch_exit_hook"),
     ("gridX", "gridY", "gridZ", "stream", "function"),
 )
+
+
+def _current_device() -> int:
+    return torch.cuda.current_device()
+
+
+def _launch_through_triton(kernel, grid, args, kwargs):
+    """The first launch of a key: Triton binds, specialises, compiles or finds the kernel
+    (and autotunes), launches it and returns the compiled kernel."""
+    return kernel[grid](*args, **kwargs)
 
 
 class _Drift(Exception):
@@ -293,7 +311,10 @@ class FastLaunch:
         chain = [kernel]
         while not (hasattr(chain[-1], "params") and hasattr(chain[-1], "arg_names")):
             if type(chain[-1]).__name__ == "InterpretedFunction":
-                return "the interpreter runs it: there is no compiled kernel to call"
+                if _STUB is None:
+                    return "the interpreter runs it: there is no compiled kernel to call"
+                chain[-1] = _STUB.jit_of(chain[-1])
+                break
             if len(chain) > 4:
                 raise _Drift(f"no JITFunction under {type(kernel).__name__}")
             chain.append(chain[-1].fn)
@@ -347,7 +368,7 @@ class FastLaunch:
                 grid_key = (grid.__code__, tuple(c.cell_contents for c in cells))
             else:
                 grid_key = tuple(grid)
-            device = torch.cuda.current_device()
+            device = _current_device()
             # Inline, not a function call per argument (most of the key's cost): a positional
             # tensor by dtype and 16-byte alignment, an int by itself, anything else by type and
             # value (so a positional True and 1 are different keys). Keyword arguments (the
@@ -365,7 +386,7 @@ class FastLaunch:
             with self._lock:
                 if len(self.cache) >= FAST_LAUNCH_CACHE_SIZE:  # many shapes: start over, bounded
                     self.cache.clear()
-                compiled = self.kernel[grid](*args, **kwargs)
+                compiled = _launch_through_triton(self.kernel, grid, args, kwargs)
                 entry = self._new_entry(compiled, grid, args, kwargs, device)
                 if entry is not None:
                     self.cache[key] = entry
@@ -473,6 +494,39 @@ def _run_entry(entry, args) -> bool:
     return True
 
 
+def launch_ready(prepared: dict, tensors: tuple, scalars: tuple) -> bool:
+    """Launch ``tensors`` with the :class:`PreparedLaunch` of ``prepared`` (a plan's, see
+    :func:`launch_prepared`) that matches their device and alignment, straight through Triton's
+    C launcher; False (nothing launched) where there is none yet, or a setting or launch hook
+    asks for Triton's own path (:func:`_run_entry`): the caller then launches as usual.
+
+    The eager hot path of every planned launch: one dict lookup, the settings Triton reads at
+    each launch, the current stream, the C launcher."""
+    if not FAST_LAUNCH:
+        return False
+    ready = prepared.get((tensors[0].get_device(), *[t.data_ptr() & 15 == 0 for t in tensors]))
+    if ready is None:
+        return False
+    compiled, grid3, tail, run, device, jit = ready.entry
+    runtime_knobs = _RUNTIME_KNOBS
+    try:
+        hooked = runtime_knobs.launch_enter_hook.calls or runtime_knobs.launch_exit_hook.calls
+    except AttributeError:  # a launch hook set as a plain function: _run_entry's path
+        return False
+    # What Triton reads at every launch besides the arguments (see _run_entry).
+    if (hooked or runtime_knobs.debug or jit.debug or jit.pre_run_hooks
+            or _COMPILATION_KNOBS.instrumentation_mode
+            or runtime_knobs.add_stages_inspection_hook is not None):
+        return False
+    try:
+        run(*grid3, torch._C._cuda_getCurrentRawStream(device), compiled.function,
+            compiled.packed_metadata, None, None, None, *tensors, *scalars, *tail)
+    except Exception as exc:  # noqa: BLE001 - as PreparedLaunch: Triton's path from now on
+        FastLaunch._give_up(exc)
+        return False
+    return True
+
+
 class PreparedLaunch:
     """One launch of a compiled kernel, to be repeated with other tensors.
 
@@ -525,6 +579,84 @@ def fast_launcher(kernel) -> FastLaunch:
     if launcher is None or launcher.kernel is not kernel:
         launcher = FAST_LAUNCHERS[id(kernel)] = FastLaunch(kernel)
     return launcher
+
+
+# --------------------------------------------------------------------------------------------
+# Host time without a GPU.
+# --------------------------------------------------------------------------------------------
+class _StubLauncher:
+    """Stands in for a compiled kernel's C launcher: takes what Triton's takes, does nothing."""
+
+    def __call__(self, gridX, gridY, gridZ, stream, function, kernel_metadata, launch_metadata,
+                 launch_enter_hook, launch_exit_hook, *args):
+        return None
+
+
+class _StubCompiled:
+    """Stands in for Triton's ``CompiledKernel`` (named so, as :meth:`FastLaunch._entry`
+    checks the name)."""
+
+    function = 0
+    packed_metadata = None
+    run = _StubLauncher()
+
+    def __getitem__(self, grid):
+        return self.run_hooked
+
+    def run_hooked(self, *args, **kwargs):
+        return None
+
+
+_StubCompiled.__name__ = _StubCompiled.__qualname__ = "CompiledKernel"
+
+
+class _StubParam:
+    def __init__(self, param: inspect.Parameter):
+        self.name = param.name
+        self.has_default = param.default is not inspect.Parameter.empty
+        self.default = param.default if self.has_default else None
+
+
+class _Stub:
+    """What :func:`stub_launches` changes: interpreted kernels look like compiled ones."""
+
+    def __init__(self):
+        self.jits: dict = {}
+
+    def jit_of(self, interpreted):
+        """A stand-in JITFunction for an interpreted kernel: its parameters, no hooks."""
+        jit = self.jits.get(interpreted)
+        if jit is None:
+            jit = types.SimpleNamespace(
+                fn=interpreted, arg_names=list(interpreted.arg_names), debug=None,
+                params=[_StubParam(p) for p in inspect.signature(interpreted.fn).parameters.values()],
+                pre_run_hooks=[])
+            self.jits[interpreted] = jit
+        return jit
+
+    @staticmethod
+    def first_launch(kernel, grid, args, kwargs):
+        if hasattr(kernel, "configs"):  # an autotuner: its first config, as in the interpreter
+            kernel.best_config = kernel.configs[0]
+        return _StubCompiled()
+
+
+_STUB: "_Stub | None" = None
+
+
+def stub_launches() -> None:
+    """Measure the host's time of eager calls on a machine without a GPU (scripts/host_probe.py
+    --stub): from now on, in this process, kernels take the GPU's direct launch path
+    (:class:`FastLaunch`, plans' prepared launches, the C launcher's arguments), but the first
+    launch of a key makes a stand-in for the compiled kernel instead of going to Triton, and the
+    C launcher does nothing. Outputs are never written. Irreversible: for measuring only."""
+    global _STUB, FAST_LAUNCH, _current_device, _launch_through_triton
+    _STUB = _Stub()
+    FAST_LAUNCH = True
+    torch._C._cuda_getCurrentRawStream = lambda device: 0  # stream 0 (a CPU build has none)
+    _current_device = lambda: 0  # noqa: E731
+    _launch_through_triton = _STUB.first_launch
+    FAST_LAUNCHERS.clear()  # made before the stub: without a fast path
 
 
 # --------------------------------------------------------------------------------------------

@@ -16,7 +16,10 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from . import registry
+from . import launch, registry
+
+#: The launch_kernel that :meth:`LaunchPlan.launch` may bypass (a replaced one is always called).
+_LAUNCH_KERNEL = registry.launch_kernel
 
 
 @dataclass(eq=False)
@@ -31,7 +34,13 @@ class LaunchPlan:
     prepared: dict = field(default_factory=dict)
 
     def launch(self, *tensors) -> None:
-        # Looked up at call time, so a test that records launches can replace launch_kernel.
+        """``kernel[grid](*tensors, *scalars, **consts)``. An eager repeat of a launch made
+        before (same device and pointer alignment) goes straight to Triton's C launcher
+        (:func:`.launch.launch_ready`); anything else through :func:`.registry.launch_kernel`,
+        looked up at call time, so that a test that records launches can replace it."""
+        if (registry.launch_kernel is _LAUNCH_KERNEL and getattr(registry._direct, "on", False)
+                and launch.launch_ready(self.prepared, tensors, self.scalars)):
+            return
         registry.launch_kernel(self.kernel, self.grid, tensors, self.scalars, self.consts,
                                self.prepared)
 

@@ -26,7 +26,7 @@ from typing import Callable, Sequence
 import torch
 from torch._library.triton import is_wrap_triton_enabled
 
-from . import launch, mode
+from . import launch, mode, tuned
 
 
 #: Per thread: whether the launcher running now was called directly (not traced), so its
@@ -47,8 +47,28 @@ def wrap_triton(kernel):
     the traceable wrapper's dispatch costs more than a small kernel runs."""
     if launching_directly():
         return launch.fast_launcher(kernel) if launch.FAST_LAUNCH else kernel
+    if len(getattr(kernel, "configs", ())) > 1 and hasattr(kernel, "cache"):
+        return _TracedAutotuned(kernel)
     return torch.library.wrap_triton(kernel)
 
+
+class _TracedAutotuned:
+    """An autotuned kernel seen by ``torch.compile``: where the config of the call being traced
+    is known (a shipped table, or this process's own eager tuning; :mod:`.tuned`), the graph gets
+    a kernel of that one config, so Inductor, which times every candidate of an autotuned kernel
+    it is given, has nothing to time; otherwise the kernel as it is."""
+
+    __slots__ = ("kernel",)
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def __getitem__(self, grid):
+        def launch_traced(*args, **kwargs):
+            chosen = tuned.single_config(self.kernel, args, kwargs)
+            return torch.library.wrap_triton(chosen)[grid](*args, **kwargs)
+
+        return launch_traced
 
 
 
@@ -124,7 +144,7 @@ def register_op(
         else:
             op = torch.library.triton_op(qualname, mutates_args=tuple(mutates_args))(launcher)
         _register_autocast(name, policy)
-        return RegisteredOp(op, launch_directly(launcher), policy)
+        return RegisteredOp(op, launch_directly(launcher), policy, raw_launcher=launcher)
 
     return decorate
 
@@ -309,6 +329,11 @@ class RegisteredOp:
     ``setup_context`` and backward as the op's ``register_autograd``. Everything else
     (``_opoverload``, ...) is the underlying op's.
 
+    The eager call is written for the host's time (see :meth:`__call__`): a handful of C calls
+    decide the path, the launcher runs in this frame (no wrapper), and the autograd Function is
+    applied through torch's C entry point (the Python ``Function.apply`` in front of it only
+    matters under functorch transforms, which take the dispatcher here).
+
     In that eager Function ``ctx.eager`` is True, so a ``setup_context`` can do work for the
     backward ahead of time, on the calling thread: CUDA backwards run on autograd's own device
     thread, where the same Python costs several times more (cold caches, a thread hand-off).
@@ -318,12 +343,19 @@ class RegisteredOp:
     same policy on the other paths.
     """
 
-    def __init__(self, op, launcher: Callable, autocast_policy: AutocastPolicy | None = None):
+    def __init__(self, op, launcher: Callable, autocast_policy: AutocastPolicy | None = None,
+                 raw_launcher: Callable | None = None):
         self._op = op
+        #: The launcher with its kernels launched directly (:func:`launch_directly`).
         self._launcher = launcher
+        #: The launcher itself: :meth:`__call__` sets the direct-launch flag around it inline.
+        self._raw = raw_launcher if raw_launcher is not None else launcher
         self._function = None
+        #: ``self._function.apply`` without the Python layer in front of torch's C entry point.
+        self._apply = None
         #: How this op follows ``torch.autocast`` (declared by ``register_op(autocast=...)``).
         self.autocast_policy = autocast_policy if autocast_policy is not None else AutocastPolicy()
+        self._casts = bool(self.autocast_policy.rules)
         self.__doc__ = launcher.__doc__
 
     def __getattr__(self, name):
@@ -331,13 +363,20 @@ class RegisteredOp:
 
     def register_autograd(self, backward: Callable, *, setup_context: Callable | None = None):
         self._op.register_autograd(backward, setup_context=setup_context)
-        launcher = self._launcher
+        raw = self._raw
 
         class EagerAutograd(torch.autograd.Function):
             @staticmethod
             def forward(ctx, *args):
                 ctx.eager = True  # setup_context may prepare the backward's launch (see above)
-                output = launcher(*args)
+                if getattr(_direct, "on", False):
+                    output = raw(*args)
+                else:
+                    _direct.on = True
+                    try:
+                        output = raw(*args)
+                    finally:
+                        _direct.on = False
                 if setup_context is not None:
                     setup_context(ctx, args, output)
                 return output
@@ -348,14 +387,46 @@ class RegisteredOp:
 
         EagerAutograd.__name__ = f"{self._op._name}_autograd"
         self._function = EagerAutograd
+        self._apply = _c_apply(EagerAutograd)
 
     def __call__(self, *args, **kwargs):
+        # One C call each: torch.compile tracing, jit tracing, a dispatch mode (make_fx,
+        # FakeTensorMode), a functorch transform. Any of them, or keyword arguments: the
+        # dispatcher (and the general path below) decides.
+        if (kwargs or _is_compiling() or _jit_tracing() or _dispatch_modes()
+                or _functorch_stack() is not None):
+            return self._call_general(args, kwargs)
+        grad = _grad_enabled()
+        record = False
+        for a in args:
+            cls = type(a)
+            if cls is _Tensor or cls is _Parameter:
+                if grad and not record and a.requires_grad:
+                    record = True
+            elif isinstance(a, _Tensor):  # a subclass: only the dispatcher knows what to do
+                return self._op(*args)
+        if self._casts and _any_autocast():
+            # Before the autograd Function, as torch's autocast sits above autograd: the casts
+            # are recorded, and gradients reach fp32 leaves in fp32.
+            args, _ = self.autocast_policy.cast(args)
+        if record:
+            if self._apply is not None:
+                return self._apply(*args)
+            return self._op(*args)
+        if getattr(_direct, "on", False):  # nested: an op's launcher calling another op
+            return self._raw(*args)
+        _direct.on = True
+        try:
+            return self._raw(*args)
+        finally:
+            _direct.on = False
+
+    def _call_general(self, args, kwargs):
+        """The call with keyword arguments, or while something watches or traces it."""
         kind = _eager_kind(args, kwargs)
         if kind == "other":  # the dispatcher, whose Autocast kernel applies the same policy
             return self._op(*args, **kwargs)
-        if self.autocast_policy.rules and _any_autocast():
-            # Before the autograd Function, as torch's autocast sits above autograd: the casts
-            # are recorded, and gradients reach fp32 leaves in fp32.
+        if self._casts and _any_autocast():
             args, kwargs = self.autocast_policy.cast(args, kwargs)
             kwargs = kwargs or {}
         if kind == "plain":
@@ -365,6 +436,20 @@ class RegisteredOp:
         return self._op(*args, **kwargs)
 
 
+def _c_apply(function_class):
+    """``function_class.apply`` as torch's C entry point bound to the class, or the Python
+    ``apply`` where this torch lays it out otherwise. The Python layer binds default arguments
+    for a separate ``setup_context`` (there is none here: forward takes ctx) and unwraps dead
+    functorch wrappers (none: plain tensors, no transform active, checked before)."""
+    base = getattr(torch._C, "_FunctionBase", None)
+    c_apply = getattr(base, "__dict__", {}).get("apply")
+    if c_apply is None or not hasattr(c_apply, "__get__"):
+        return function_class.apply
+    return c_apply.__get__(None, function_class)
+
+
+_is_compiling = torch.compiler.is_compiling
+_grad_enabled = torch._C.is_grad_enabled
 _functorch_stack = getattr(torch._C._functorch, "peek_interpreter_stack", lambda: None)
 _dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
 # torch.jit.is_tracing() without its Python wrapper (checked after is_compiling(), which

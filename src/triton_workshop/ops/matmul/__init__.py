@@ -153,6 +153,11 @@ def _batch_stride(t: torch.Tensor) -> int:
     return t.stride(0) if t.dim() == 3 and t.shape[0] != 1 else 0
 
 
+#: torch's C getter of the resolved precision (torch >= 2.9), without the Python attribute
+#: lookups of ``torch.backends.cuda.matmul`` in front of it (this is read every fp32 product).
+_fp32_precision = getattr(torch._C, "_get_fp32_precision_getter", None)
+
+
 def tf32_enabled() -> bool:
     """Whether PyTorch would use TF32 for an fp32 matmul on CUDA right now.
 
@@ -162,6 +167,11 @@ def tf32_enabled() -> bool:
     APIs were mixed. Older torch has only ``allow_tf32`` (which ``set_float32_matmul_precision``
     also drives).
     """
+    if _fp32_precision is not None:
+        try:
+            return _fp32_precision("cuda", "matmul") == "tf32"
+        except (TypeError, RuntimeError):  # another signature: the Python attribute below
+            pass
     backend = torch.backends.cuda.matmul
     precision = getattr(backend, "fp32_precision", None)
     if precision is not None:
@@ -242,11 +252,11 @@ def _aligned(t: torch.Tensor, contiguous_dim: int | None = None,
     product ran at a fraction of torch.compile's speed, which pads; docs/kernels/matmul.md).
     The copy costs about one read and one write of the operand. Its padding is zeros, and the
     kernel never lets it reach a stored result anyway (see matmul_kernel)."""
+    if not _needs_copy(t, contiguous_dim):
+        return t
     dim = contiguous_dim if contiguous_dim is not None else _contiguous_dim(t)
     if dim is None:
         dim = -1  # strided both ways: make rows contiguous
-    if _is_aligned(t) and (t.stride(dim) == 1 or t.shape[dim] == 1):
-        return t
     src = t if dim == -1 else t.transpose(-1, -2)  # (..., rows, cols), cols to become contiguous
     rows, cols = src.shape[-2:]
     padded = runtime.cdiv(cols, _STRIDE_UNIT) * _STRIDE_UNIT
@@ -294,11 +304,18 @@ def launch_matmul(
     What every caller needs between checked inputs and the launch, written once: the TF32
     operand layout, the aligned copies, the grid, the autotuning buckets, the grains. Shapes as
     ``_out_shape`` gives them (``out`` of any strides), no dimension empty, K included. The
-    host function other op families call for a product (arguments already checked)."""
+    host function other op families call for a product (arguments already checked).
+
+    An eager call whose operands need no copy and no TMA descriptors launches the
+    :class:`~runtime.LaunchPlan` kept for its layout (:func:`_product_plan`): the decisions below
+    are made once per layout, not at every call."""
+    if runtime.launching_directly():
+        plan = _product_plan(a, b, out, bias, activation, slope)
+        if plan is not None:
+            with runtime.device_guard(a):
+                plan.launch(a, b, out, bias if bias is not None else out)
+            return out
     tuning = TUNING
-    M, K = a.shape[-2:]
-    N = b.shape[-1]
-    batch = out.shape[0] if out.dim() == 3 else 1
     precision = input_precision(a.dtype)
     if precision == "tf32":
         a, b = _k_major(a, b, tuning)
@@ -307,39 +324,113 @@ def launch_matmul(
     if _use_tma(a, b, out, precision, tuning):
         return _launch_matmul_tma(a, b, out, bias=bias, activation=activation, slope=slope,
                                   tuning=tuning)
-    # A placeholder, never read: HAS_BIAS is off.
-    bias_arg = bias if bias is not None else out
+    plan = _kernel_plan(a, b, out, bias, activation, slope, precision, tuning)
+    with runtime.device_guard(a):
+        # Traced (torch.compile): the plan's launch goes through wrap_triton, as Inductor needs.
+        plan.launch(a, b, out, bias if bias is not None else out)
+    return out
+
+
+def _kernel_plan(a, b, out, bias, activation: str, slope: float, precision: str,
+                 tuning: MatmulTuning) -> runtime.LaunchPlan:
+    """matmul_kernel's launch over these operands as they lie (already aligned or copied)."""
+    M, K = a.shape[-2:]
+    N = b.shape[-1]
+    batch = out.shape[0] if out.dim() == 3 else 1
     # 32-bit offsets inside a tile when the largest tile of any config cannot overflow them
     # (the config itself is only chosen at launch).
     int32_tile_offsets = tuning.int32_tile_offsets and bool(
         MAX_BLOCK * (out.stride(-2) + out.stride(-1)) < 2**31)
-
     a_aligned, b_aligned = _is_aligned(a), _is_aligned(b)  # once each, for the four grains
+    # matmul_kernel is autotuned: its config, and with it the grid, is chosen at the first
+    # launch of each bucket; the grid is a function of that config (FastLaunch keys it by the
+    # ints it closes over, and a prepared launch keeps the grid the config gave).
+    grid = _grid(batch, M, N)
+    scalars = (
+        M, N, K,
+        _batch_stride(a), a.stride(-2), a.stride(-1),
+        _batch_stride(b), b.stride(-2), b.stride(-1),
+        out.stride(0) if out.dim() == 3 else 0, out.stride(-2), out.stride(-1),
+        bias.stride(0) if bias is not None else 0,
+        slope,
+        runtime.bucket(M), runtime.bucket(N), runtime.bucket(K),
+    )  # fmt: skip
+    consts = dict(
+        A_M_GRAIN=_grain(a, -2, a_aligned), A_K_GRAIN=_grain(a, -1, a_aligned),
+        B_K_GRAIN=_grain(b, -2, b_aligned), B_N_GRAIN=_grain(b, -1, b_aligned),
+        INT32_TILE_OFFSETS=int32_tile_offsets,
+        HAS_BIAS=bias is not None,
+        ACTIVATION=activation,
+        INPUT_PRECISION=precision,
+        DOT_IN_FP32=runtime.INTERPRET and a.dtype == torch.bfloat16,
+    )
+    return runtime.LaunchPlan(matmul_kernel, grid, scalars, consts)
 
+
+def _grid(batch: int, M: int, N: int):
     def grid(meta):
         return (batch * triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
 
-    # A plain launch, not a LaunchPlan: matmul_kernel is autotuned, so its config, and with it
-    # the grid, is only known at launch (the autotuner caches it per bucket).
-    with runtime.device_guard(a):
-        wrap_triton(matmul_kernel)[grid](
-            a, b, out, bias_arg,
-            M, N, K,
-            _batch_stride(a), a.stride(-2), a.stride(-1),
-            _batch_stride(b), b.stride(-2), b.stride(-1),
-            out.stride(0) if out.dim() == 3 else 0, out.stride(-2), out.stride(-1),
-            bias.stride(0) if bias is not None else 0,
-            slope,
-            runtime.bucket(M), runtime.bucket(N), runtime.bucket(K),
-            A_M_GRAIN=_grain(a, -2, a_aligned), A_K_GRAIN=_grain(a, -1, a_aligned),
-            B_K_GRAIN=_grain(b, -2, b_aligned), B_N_GRAIN=_grain(b, -1, b_aligned),
-            INT32_TILE_OFFSETS=int32_tile_offsets,
-            HAS_BIAS=bias is not None,
-            ACTIVATION=activation,
-            INPUT_PRECISION=precision,
-            DOT_IN_FP32=runtime.INTERPRET and a.dtype == torch.bfloat16,
-        )  # fmt: skip
-    return out
+    return grid
+
+
+#: :func:`_product_plan`'s plans by operand layout, for the tuning and TF32 setting they were
+#: made under (replacing either starts a new dict: never a stale plan).
+_PRODUCT_PLANS: dict = {}
+_PRODUCT_PLANS_FOR: tuple = ()
+#: A layout whose product takes the general path (copies, TMA descriptors) every call.
+_GENERAL = object()
+
+
+def _product_plan(a, b, out, bias, activation: str, slope: float):
+    """The cached :func:`_kernel_plan` of an eager product whose operands are launched as they
+    lie, or None (the general path: operand copies, the TMA kernel, or an unusual argument).
+
+    The key holds everything the plan depends on: the operands' shapes, strides, storage
+    offsets modulo 16 (the 16-byte alignment judged from them), dtypes and device, the bias's
+    stride and dtype, the epilogue, the tuning object and the TF32 setting."""
+    global _PRODUCT_PLANS, _PRODUCT_PLANS_FOR
+    dtype = a.dtype
+    tuning = TUNING
+    tf32 = dtype is torch.float32 and tf32_enabled()
+    if _PRODUCT_PLANS_FOR != (tuning, tf32):
+        _PRODUCT_PLANS, _PRODUCT_PLANS_FOR = {}, (tuning, tf32)
+    try:
+        key = (a.shape, a.stride(), a.storage_offset() & 15, b.shape, b.stride(),
+               b.storage_offset() & 15, out.shape, out.stride(), dtype, b.dtype, out.dtype,
+               a.get_device(), None if bias is None else (bias.stride(0), bias.dtype),
+               activation, slope)
+        plan = _PRODUCT_PLANS.get(key)
+    except (TypeError, RuntimeError):  # symbolic sizes, a tensor without strides: not planned
+        return None
+    if plan is None:
+        plan = _new_product_plan(a, b, out, bias, activation, slope, tuning)
+        if len(_PRODUCT_PLANS) >= 1024:  # many layouts: start over, bounded
+            _PRODUCT_PLANS.clear()
+        _PRODUCT_PLANS[key] = plan
+    return None if plan is _GENERAL else plan
+
+
+def _new_product_plan(a, b, out, bias, activation, slope, tuning: MatmulTuning):
+    """:func:`_kernel_plan` where launch_matmul's general path would launch a, b as they are;
+    _GENERAL where it would copy an operand or take the TMA kernel."""
+    precision = input_precision(a.dtype)
+    if precision == "tf32" and not runtime.INTERPRET:
+        if _needs_copy(a, -1) or _needs_copy(b, -2):
+            return _GENERAL
+    if tuning.align_operands and (_needs_copy(a) or _needs_copy(b)):
+        return _GENERAL
+    if _use_tma(a, b, out, precision, tuning):
+        return _GENERAL
+    return _kernel_plan(a, b, out, bias, activation, slope, precision, tuning)
+
+
+def _needs_copy(t: torch.Tensor, contiguous_dim: int | None = None) -> bool:
+    """Whether :func:`_aligned` would copy ``t`` (rather than return it)."""
+    dim = contiguous_dim if contiguous_dim is not None else _contiguous_dim(t)
+    if dim is None:
+        dim = -1
+    return not (_is_aligned(t) and (t.stride(dim) == 1 or t.shape[dim] == 1))
 
 
 # --------------------------------------------------------------------------------------------
@@ -448,10 +539,15 @@ def _matmul(
 ) -> torch.Tensor:
     if activation not in _OP_ACTIVATIONS:
         raise ValueError(f"activation must be one of {_OP_ACTIVATIONS}, got {activation!r}")
-    shape = _out_shape(a, b)
-    M, K = a.shape[-2:]
-    N = b.shape[-1]
-    batch = 1 if len(shape) == 2 else shape[0]
+    if a.dim() == 2 and b.dim() == 2:  # the common case, without _out_shape's batch logic
+        M, K = a.shape
+        N = b.shape[1]
+        shape, batch = (M, N), 1
+    else:
+        shape = _out_shape(a, b)
+        M, K = a.shape[-2:]
+        N = b.shape[-1]
+        batch = 1 if len(shape) == 2 else shape[0]
 
     if M == 0 or N == 0 or batch == 0:
         return a.new_empty(shape)
@@ -503,10 +599,15 @@ def _matmul_backward(ctx, grad):
     grad_a = grad_b = grad_bias = None
     # The op itself, not the public matmul: these operands are the forward's, already checked,
     # and the checks would run again on autograd's device thread, where Python costs the most.
+    plain = a.dim() == 2 and b.dim() == 2  # no batch to broadcast or sum over
     if ctx.needs_input_grad[0]:
-        grad_a = _matmul(grad_z, b.transpose(-1, -2), None, "none", 0.0).sum_to_size(a.shape)
+        grad_a = _matmul(grad_z, b.t() if plain else b.transpose(-1, -2), None, "none", 0.0)
+        if not plain:
+            grad_a = grad_a.sum_to_size(a.shape)
     if ctx.needs_input_grad[1]:
-        if b.dim() == 2 and a.dim() == 3:
+        if plain:
+            grad_b = _matmul(a.t(), grad_z, None, "none", 0.0)
+        elif b.dim() == 2 and a.dim() == 3:
             # b was shared by every batch: one (K, B*M) @ (B*M, N) product sums over the batch
             # inside the fp32 accumulator instead of materialising B partial gradients.
             # Explicit row counts: reshape(-1, 0) is ambiguous when K or N is 0.
@@ -516,8 +617,10 @@ def _matmul_backward(ctx, grad):
         else:
             grad_b = _matmul(a.transpose(-1, -2), grad_z, None, "none", 0.0).sum_to_size(b.shape)
     if bias is not None and ctx.needs_input_grad[2]:
-        rows = tuple(range(grad_z.dim() - 1))
-        grad_bias = grad_z.sum(dim=rows, dtype=torch.float32).to(bias.dtype)
+        rows = 0 if grad_z.dim() == 2 else tuple(range(grad_z.dim() - 1))
+        grad_bias = grad_z.sum(dim=rows, dtype=torch.float32)
+        if bias.dtype is not torch.float32:
+            grad_bias = grad_bias.to(bias.dtype)
     return grad_a, grad_b, grad_bias, None, None
 
 
@@ -608,6 +711,42 @@ def linear(
     merged without a copy (``x.transpose(0, 1)``, say) runs as a batched product against the
     shared weight instead, also without a copy.
     """
+    call = key = None
+    if not _is_compiling():
+        # A call signature seen before was checked then: everything the checks read is in the
+        # key (shapes, strides, dtypes, devices, layouts, the activation and the slope's type).
+        try:
+            key = (x.shape, x.stride(), x.dtype, x.device, x.layout,
+                   weight.shape, weight.stride(), weight.dtype, weight.device, weight.layout,
+                   None if bias is None else (bias.shape, bias.dtype, bias.device, bias.layout),
+                   activation, leaky_relu_slope, type(leaky_relu_slope))
+            call = _LINEAR_CALLS.get(key)
+        except (AttributeError, TypeError, RuntimeError):  # not tensors, no strides: checked below
+            key = None
+    if call is None:
+        call = _check_linear(x, weight, bias, activation, leaky_relu_slope)
+        if key is not None:
+            if len(_LINEAR_CALLS) >= 1024:
+                _LINEAR_CALLS.clear()
+            _LINEAR_CALLS[key] = call
+    op_activation, slope, rows_kind = call
+    if rows_kind == _ROWS_AS_IS:  # 2-D, or 3-D run as a batched product: out has x's lead dims
+        return _matmul(x, weight.t(), bias, op_activation, slope)
+    rows = x[None] if rows_kind == _ROWS_OF_VECTOR else x.flatten(0, -2)
+    out = _matmul(rows, weight.t(), bias, op_activation, slope)
+    return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+_is_compiling = torch.compiler.is_compiling
+#: linear's checked call signatures (see linear): what the checks concluded.
+_LINEAR_CALLS: dict = {}
+#: How linear hands x to the product: as it is (2-D, or 3-D whose leading dims cannot merge
+#: without a copy: a batched product against the shared weight), as one row, or flattened.
+_ROWS_AS_IS, _ROWS_OF_VECTOR, _ROWS_FLATTENED = range(3)
+
+
+def _check_linear(x, weight, bias, activation, leaky_relu_slope) -> tuple[str, float, int]:
+    """linear's argument checks; ``(op activation, slope, how x becomes rows)``."""
     runtime.check_tensor(x, "x", dtypes=FLOAT_DTYPES)
     runtime.check_tensor(weight, "weight", dtypes=FLOAT_DTYPES, ndim=2)
     if x.dim() == 0:
@@ -624,11 +763,10 @@ def linear(
     _check_bias_shape(bias, weight.shape[0])
     op_activation = check_activation(activation, leaky_relu_slope)
     if x.dim() == 1:
-        rows = x[None]
-    elif x.dim() == 3 and x.shape[0] > 1 and x.shape[1] > 1 and x.stride(0) != x.stride(1) * x.shape[1]:
-        rows = x  # flattening would copy
+        rows_kind = _ROWS_OF_VECTOR
+    elif x.dim() == 2 or (x.dim() == 3 and x.shape[0] > 1 and x.shape[1] > 1
+                          and x.stride(0) != x.stride(1) * x.shape[1]):
+        rows_kind = _ROWS_AS_IS  # 2-D; or flattening would copy
     else:
-        rows = x.flatten(0, -2)
-    # Checked above: straight to the op (matmul's own checks would repeat these, on every call).
-    out = _matmul(rows, weight.t(), bias, op_activation, float(leaky_relu_slope))
-    return out.reshape(*x.shape[:-1], weight.shape[0])
+        rows_kind = _ROWS_FLATTENED
+    return op_activation, float(leaky_relu_slope), rows_kind
