@@ -1,7 +1,9 @@
 """``triton_workshop.integrations.transformers``: the registered attention implementation and
 ``patch_model`` on GPT-2 and Llama models built from small configs (random weights, nothing
 downloaded), against the same models untouched: logits, loss and every gradient; padded batches
-and dropout handed to transformers' SDPA path; generation with a KV cache.
+and dropout on the kernel; the calls it cannot take handed to an implementation that computes
+every feature of the call (SDPA, or the model's eager attention for soft-capping and sinks);
+generation with a KV cache. Every family: tests/test_hf_families.py.
 
 transformers is optional: without it these tests are skipped (``pip install transformers``).
 """
@@ -15,7 +17,7 @@ import pytest
 import torch
 
 import triton_workshop  # noqa: F401  (first: decides interpreter-or-GPU before transformers loads)
-from triton_workshop.nn.patch import PatchWarning
+from triton_workshop.nn.patch import InterpreterWarning, PatchWarning
 from triton_workshop.ops.matmul import tf32_enabled
 from triton_workshop.runtime import DEVICE
 
@@ -45,7 +47,7 @@ def attention_calls(monkeypatch):
     original = hf.attention
 
     def spy(q, k, v, **kwargs):
-        calls.append((tuple(q.shape), tuple(k.shape), kwargs.get("causal")))
+        calls.append((tuple(q.shape), tuple(k.shape), kwargs.get("causal"), kwargs))
         return original(q, k, v, **kwargs)
 
     monkeypatch.setattr(hf, "attention", spy)
@@ -75,9 +77,12 @@ def tokens(batch=2, length=12, seed=1):
 
 def assert_same_training_step(model, reference, **inputs):
     ids = inputs.pop("input_ids")
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ids, **inputs).logits,
+                                   reference(input_ids=ids, **inputs).logits, **TOL)  # fmt: skip
     out = model(input_ids=ids, labels=ids, **inputs)
     ref = reference(input_ids=ids, labels=ids, **inputs)
-    torch.testing.assert_close(out.logits, ref.logits, **TOL)
+    assert out.logits is None  # the fused loss never builds them
     torch.testing.assert_close(out.loss, ref.loss, **TOL)
     out.loss.backward()
     ref.loss.backward()
@@ -101,59 +106,153 @@ def test_gpt2_patch_model(attention_calls):
     state_keys = list(model.state_dict())
     with warnings.catch_warnings():
         warnings.simplefilter("error", PatchWarning)
+        warnings.simplefilter("ignore", InterpreterWarning)
         counts = hf.patch_model(model)
-    assert counts == {"layer_norm": 5, "linear": 1, "conv2d": 0, "attention": 2, "conv1d": 8}
+    assert {k: v for k, v in counts.items() if v} == {
+        "layer_norm": 5, "attention": 2, "conv1d": 2, "cross_entropy": 1}  # fmt: skip
     assert counts.fused == {"layer_norm_linear": 0, "linear_activation": 2}  # the MLPs' GELUs
+    # c_attn, c_proj (x2 layers) and lm_head: plain matmuls, left to cuBLAS by the linear= rule
+    assert sorted(s.name for s in counts.skipped if s.policy) == sorted(
+        [f"transformer.h.{i}.{m}" for i in (0, 1) for m in ("attn.c_attn", "attn.c_proj",
+                                                             "mlp.c_proj")] + ["lm_head"])
     assert model.config._attn_implementation == "triton_workshop"
     block = model.transformer.h[0]
-    assert type(block.attn.c_attn) is hf.Conv1D and block.mlp.c_fc.activation == "gelu"
+    assert type(block.attn.c_attn) is transformers.pytorch_utils.Conv1D
+    assert type(block.mlp.c_fc) is hf.Conv1D and block.mlp.c_fc.activation == "gelu"
     assert isinstance(block.mlp.c_fc, transformers.pytorch_utils.Conv1D)
     assert model.lm_head.weight is model.transformer.wte.weight  # still tied
     assert list(model.state_dict()) == state_keys
     assert_same_training_step(model, reference, input_ids=tokens())
-    assert len(attention_calls) == 2  # both layers, forward; causal, all 4 heads
-    assert all(q == (2, 4, 12, 8) and causal for q, _, causal in attention_calls)
+    assert len(attention_calls) == 4  # both layers, two forwards; causal, all 4 heads
+    assert all(q == (2, 4, 12, 8) and causal for q, _, causal, _ in attention_calls)
     again = hf.patch_model(model)
-    assert not any(again.values()) and not any(again.fused.values()) and not again.skipped
+    assert not any(again.values()) and not any(again.fused.values())
+    assert not [s for s in again.skipped if not s.policy]
 
 
-def test_padded_batch_and_dropout_go_to_sdpa(attention_calls):
+def test_linear_always_swaps_every_conv1d_and_linear():
+    model = gpt2()
+    reference = copy.deepcopy(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InterpreterWarning)
+        counts = hf.patch_model(model, linear="always")
+    assert counts["conv1d"] == 8 and counts["linear"] == 1 and not counts.skipped
+    assert type(model.transformer.h[0].attn.c_attn) is hf.Conv1D
+    assert model.lm_head.weight is model.transformer.wte.weight
+    assert_same_training_step(model, reference, input_ids=tokens())
+
+
+def test_padded_batch_and_dropout_reach_the_kernel(attention_calls, monkeypatch):
     model = gpt2()
     reference = copy.deepcopy(model)
     hf.patch_model(model)
     ids = tokens()
     mask = torch.ones_like(ids)
     mask[0, :3] = 0  # left padding
-    with pytest.warns(PatchWarning, match="attention mask"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PatchWarning)  # no fallback
         out = model(input_ids=ids, attention_mask=mask).logits
-    torch.testing.assert_close(out, reference(input_ids=ids, attention_mask=mask).logits, **TOL)
-    assert attention_calls == []
+    expected = reference(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(out[mask.bool()], expected[mask.bool()], **TOL)
+    assert len(attention_calls) == 2
+    padding = attention_calls[0][3]["key_padding_mask"]
+    assert torch.equal(padding, mask.bool()) and attention_calls[0][2] is True
 
+    keywords = []
+    monkeypatch.setattr(hf, "attention", lambda q, k, v, **kw: keywords.append(kw) or
+                        torch.zeros_like(q))  # fmt: skip
     dropping = gpt2(attn_pdrop=0.2)
     hf.patch_model(dropping)
     dropping.train()
-    with pytest.warns(PatchWarning, match="attention dropout 0.2"):
-        dropping(input_ids=ids)
-    dropping.eval()  # no dropout: the kernel again
     dropping(input_ids=ids)
-    assert len(attention_calls) == 2
+    assert [kw.get("dropout_p") for kw in keywords] == [0.2, 0.2]
+    dropping.eval()  # no dropout in eval
+    dropping(input_ids=ids)
+    assert [kw.get("dropout_p") for kw in keywords[2:]] == [None, None]
+
+
+def _attention_module(family: str):
+    """One attention module of a tiny config of ``family``, and its modeling module."""
+    import importlib
+
+    module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    if family == "gemma2":
+        config = transformers.Gemma2Config(hidden_size=32, num_attention_heads=4, head_dim=8,
+                                           num_key_value_heads=2, vocab_size=64)  # fmt: skip
+        return module.Gemma2Attention(config, 0).to(DEVICE), module
+    config = transformers.GptOssConfig(hidden_size=32, num_attention_heads=4, head_dim=8,
+                                       num_key_value_heads=2, vocab_size=64)  # fmt: skip
+    attn = module.GptOssAttention(config, 0).to(DEVICE)
+    torch.nn.init.normal_(attn.sinks)
+    return attn, module
+
+
+@pytest.mark.parametrize("family, feature", [("gemma2", "softcap"), ("gpt_oss", "sinks")])
+def test_features_the_kernel_lacks_go_to_the_eager_attention(family, feature, monkeypatch):
+    """SDPA raises on soft-capping and drops GPT-OSS's sinks silently: a call the kernel cannot
+    take with either goes to the model's eager attention, which computes them."""
+    attn, modeling = _attention_module(family)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 5, 8, generator=g).to(DEVICE)
+    k, v = (torch.randn(2, 2, 5, 8, generator=g).to(DEVICE) for _ in range(2))
+    kwargs = {"softcap": 2.0} if feature == "softcap" else {"s_aux": attn.sinks}
+    causal = torch.ones(5, 5, dtype=torch.bool, device=DEVICE).tril()
+    expected, _ = modeling.eager_attention_forward(
+        attn, q, k, v, torch.where(causal, 0.0, torch.finfo(q.dtype).min), dropout=0.0,
+        scaling=0.5, **kwargs)  # fmt: skip
+    # On the kernel where it has the keyword ...
+    out, _ = hf.attention_forward(attn, q, k, v, None, scaling=0.5, **kwargs)
+    torch.testing.assert_close(out, expected, **TOL)
+    # ... and on the eager attention where it has not (never SDPA, which would drop or refuse it).
+    monkeypatch.setattr(hf, "kernel_keywords", lambda: frozenset({"causal", "scale"}))
+    with pytest.warns(PatchWarning, match=f"{feature}.*eager attention"):
+        out, _ = hf.attention_forward(attn, q, k, v, None, scaling=0.5, **kwargs)
+    torch.testing.assert_close(out, expected, **TOL)
+
+
+def test_a_mask_the_kernel_cannot_express_goes_to_sdpa(attention_calls):
+    model = llama()
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(2, 4, 6, 8, generator=g).to(DEVICE)
+    k, v = (torch.randn(2, 2, 6, 8, generator=g).to(DEVICE) for _ in range(2))
+    attn = model.model.layers[0].self_attn
+    mask = torch.rand(2, 1, 6, 6, generator=g).to(DEVICE) > 0.3
+    mask[..., 0] = True
+    with pytest.warns(PatchWarning, match="cannot express"):
+        out, _ = hf.attention_forward(attn, q, k, v, mask, scaling=0.25)
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, scale=0.25, enable_gqa=True).transpose(1, 2)  # fmt: skip
+    torch.testing.assert_close(out, expected, **TOL)
+    assert attention_calls == []
+    # A causal mask with key padding and a window is read back exactly: the kernel.
+    i, j = torch.arange(6)[:, None], torch.arange(6)[None, :]
+    padding = torch.tensor([[False, True, True, True, True, True], [True] * 6])
+    built = ((j <= i) & (i - j < 3))[None, None] & padding[:, None, None, :]
+    out, _ = hf.attention_forward(attn, q, k, v, built.to(DEVICE), scaling=0.25, sliding_window=3)
+    assert len(attention_calls) == 1 and attention_calls[0][3]["window"] == 3
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=built.to(DEVICE), scale=0.25, enable_gqa=True).transpose(1, 2)
+    keep = built.any(-1)[:, 0]  # rows that see a key (row 0 of sequence 0 sees none)
+    torch.testing.assert_close(out[keep], expected[keep], **TOL)
 
 
 def test_llama_grouped_query_attention(attention_calls):
     model = llama()
     reference = copy.deepcopy(model)
-    counts = hf.patch_model(model)
-    # 7 Linears per layer (q, k, v, o, gate, up, down) and the head; RMSNorm stays transformers'.
-    assert counts["linear"] == 15 and counts["attention"] == 2 and counts["conv1d"] == 0
+    counts = hf.patch_model(model, rope=False)  # RoPE: tests/test_hf_families.py (slow here)
+    # 7 Linears per layer (q, k, v, o, gate, up, down) and the head: plain matmuls, left to cuBLAS
+    assert counts["linear"] == 0 and len([s for s in counts.skipped if s.policy]) == 15
+    assert counts["attention"] == 2 and counts["conv1d"] == 0
+    assert counts["rms_norm"] == 5 and counts["rope"] == 0 and counts["swiglu"] == 2
     assert_same_training_step(model, reference, input_ids=tokens())
     # K/V keep their 2 heads (no repeat_kv copy): the kernel reads them grouped.
-    assert attention_calls and all(q[1] == 4 and k[1] == 2 for q, k, _ in attention_calls)
+    assert attention_calls and all(q[1] == 4 and k[1] == 2 for q, k, _, _ in attention_calls)
 
 
 def test_generation_with_a_kv_cache(attention_calls):
     model = llama()
     reference = copy.deepcopy(model)
-    hf.patch_model(model)
+    hf.patch_model(model, rope=False)  # RoPE: tests/test_hf_families.py (slow here)
     prompt = tokens(length=5)
     kwargs = dict(max_new_tokens=4, do_sample=False, attention_mask=torch.ones_like(prompt))
     with torch.no_grad():
@@ -162,7 +261,7 @@ def test_generation_with_a_kv_cache(attention_calls):
     assert torch.equal(ours, theirs)
     # The prefill is causal over 5 queries; each decoding step is one query over the whole cache.
     assert attention_calls[0][0][2] == 5 and attention_calls[0][2] is True
-    assert any(q[2] == 1 and k[2] > 5 and causal is False for q, k, causal in attention_calls)
+    assert any(q[2] == 1 and k[2] > 5 and causal is False for q, k, causal, _ in attention_calls)
 
 
 def test_attn_implementation_by_name(attention_calls):
@@ -206,5 +305,5 @@ def test_compiled_model_refused_and_subclasses_listed():
     model.transformer.h[0].attn.c_proj = MyConv1D(32, 32).to(DEVICE)
     with pytest.warns(PatchWarning, match="MyConv1D"):
         counts = hf.patch_model(model)
-    assert counts["conv1d"] == 7
-    assert [s.name for s in counts.skipped] == ["transformer.h.0.attn.c_proj"]
+    assert counts["conv1d"] == 2  # the GELU-fused c_fc's; the plain ones by the linear= rule
+    assert [s.name for s in counts.skipped if not s.policy] == ["transformer.h.0.attn.c_proj"]

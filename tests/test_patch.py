@@ -2,6 +2,7 @@
 same parameters), in place (same objects, Parameters, hooks, state_dict keys, optimisers), with
 the fusions inside ``nn.Sequential`` only where they are provably adjacent, the unsupported
 modules left on torch and listed, and the refused models refused before anything changes.
+The ``linear=`` rule: by default a Linear is swapped only where something runs fused with it.
 
 fp32 with TF32 off: both sides compute IEEE fp32 and differ only in summation order.
 """
@@ -22,6 +23,7 @@ from triton_workshop import nn as tw
 from triton_workshop.nn.patch import (
     COUNT_KEYS,
     FusedSequential,
+    InterpreterWarning,
     PatchCounts,
     PatchedMultiheadAttention,
     PatchWarning,
@@ -79,7 +81,13 @@ def assert_same_function(patched: nn.Module, reference: nn.Module, *inputs, call
 def patch_quietly(model, **flags):
     with warnings.catch_warnings():
         warnings.simplefilter("error", PatchWarning)  # nothing should be skipped here
+        warnings.simplefilter("ignore", InterpreterWarning)  # said once a process (tested below)
         return tw.patch(model, **flags)
+
+
+def left_by_rule(result) -> list[str]:
+    """The names of the modules the linear= rule left on torch."""
+    return [s.name for s in result.skipped if s.policy]
 
 
 class MLPBlock(nn.Module):
@@ -103,7 +111,14 @@ def test_linear_and_layer_norm_in_a_custom_forward():
     torch.manual_seed(0)
     model = nn.Sequential(MLPBlock(), MLPBlock()).to(DEVICE)
     reference = copy.deepcopy(model)
-    assert patch_quietly(model) == counts(layer_norm=2, linear=4)
+    by_default = copy.deepcopy(model)
+    # Nothing runs fused with these Linears (their forward is opaque): cuBLAS keeps them ...
+    result = patch_quietly(by_default)
+    assert result == counts(layer_norm=2)
+    assert left_by_rule(result) == ["0.up", "0.down", "1.up", "1.down"]
+    assert type(by_default[0].up) is nn.Linear and type(by_default[0].norm) is tw.LayerNorm
+    # ... unless asked.
+    assert patch_quietly(model, linear="always") == counts(layer_norm=2, linear=4)
     assert type(model[0].norm) is tw.LayerNorm and type(model[1].up) is tw.Linear
     assert type(model) is nn.Sequential  # MLPBlock → MLPBlock: nothing to fuse
     assert_same_function(model, reference, rand(3, 5, 24, seed=1))
@@ -163,7 +178,11 @@ def test_transformer_encoder_in_training():
     layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True, norm_first=True)
     model = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).to(DEVICE)
     reference = copy.deepcopy(model)
-    assert patch_quietly(model) == counts(layer_norm=4, linear=4, attention=2)
+    by_default = copy.deepcopy(model)
+    result = patch_quietly(by_default)  # linear1/linear2: plain matmuls, left to cuBLAS
+    assert result == counts(layer_norm=4, attention=2)
+    assert sorted(left_by_rule(result)) == [f"layers.{i}.linear{j}" for i in (0, 1) for j in (1, 2)]
+    assert patch_quietly(model, linear="always") == counts(layer_norm=4, linear=4, attention=2)
     assert_same_function(model, reference, rand(2, 6, 16, seed=6))
 
 
@@ -178,7 +197,8 @@ def test_parameters_state_dict_and_identity_carry_over():
     names_before = [n for n, _ in model.named_parameters()]
     state_before = model.state_dict(keep_vars=True)
     model[0].custom_tag = "kept"  # an attribute someone set: it carries over
-    patch_quietly(model)
+    patch_quietly(model, linear="always")
+    assert type(model[0]) is tw.Linear
     assert [id(m) for m in model.modules()] == [id(m) for m in modules_before]
     assert all(a is b for a, b in zip(model.parameters(), params_before))
     assert [n for n, _ in model.named_parameters()] == names_before
@@ -217,7 +237,11 @@ def test_tied_and_shared_modules_stay_tied_and_shared():
                            "emb": nn.Embedding(10, 6), "head": nn.Linear(6, 10, bias=False)})
     model["head"].weight = model["emb"].weight
     model.to(DEVICE)
-    result = patch_quietly(model)
+    by_default = copy.deepcopy(model)
+    result = patch_quietly(by_default)
+    assert result["linear"] == 1  # fused with the ReLU where it is shared; the head is plain
+    assert left_by_rule(result) == ["head"] and type(by_default["a"]) is tw.Linear
+    result = patch_quietly(model, linear="always")
     assert result["linear"] == 2  # the shared Linear is one module, swapped once
     assert model["a"] is model["b"][0] and type(model["a"]) is tw.Linear
     assert model["head"].weight is model["emb"].weight
@@ -229,7 +253,7 @@ def test_hooks_are_kept_and_a_hook_keeps_a_pair_unfused(monkeypatch):
     seen = []
     model[0].register_forward_hook(lambda m, i, o: seen.append(o.shape))
     reference = copy.deepcopy(model)
-    result = patch_quietly(model)
+    result = patch_quietly(model, linear="always")
     assert result["linear"] == 2 and not fused(result)  # the hook must see Linear's output
     x = rand(3, 8, seed=1)
     torch.testing.assert_close(model(x), reference(x), **TOL)
@@ -262,7 +286,8 @@ def test_fusions_in_a_sequential(monkeypatch):
     ).to(DEVICE)
     reference = copy.deepcopy(model)
     result = patch_quietly(model)
-    assert result == counts(layer_norm=2, linear=4)
+    assert result == counts(layer_norm=2, linear=3)  # the Linear before the exact GELU stays
+    assert left_by_rule(result) == ["7"] and type(model[7]) is nn.Linear
     assert fused(result) == {"layer_norm_linear": 1, "linear_activation": 2}
     assert type(model) is FusedSequential
     fused_ln = spy(monkeypatch, "layer_norm_linear")
@@ -314,10 +339,12 @@ def test_unsupported_modules_stay_on_torch_and_are_listed():
     wrapped = model["wrapped"]
     wrapped.forward = lambda x, inner=wrapped.forward: inner(x) * 2  # as wrapper libraries do
     reference = copy.deepcopy(model)
+    by_default = copy.deepcopy(model)
     with pytest.warns(PatchWarning, match="left 6 module") as record:
-        result = tw.patch(model)
+        result = tw.patch(model, linear="always")
     assert isinstance(result, dict) and isinstance(result, PatchCounts)
-    assert result == {"layer_norm": 0, "linear": 1, "conv2d": 0, "attention": 0}
+    assert result == {"layer_norm": 0, "rms_norm": 0, "linear": 1, "conv2d": 0, "attention": 0}
+    assert not any(s.policy for s in result.skipped)
     reasons = {s.name: s.reason for s in result.skipped}
     assert set(reasons) == {"reflect", "fp64", "subclass", "kdim", "bias_kv", "wrapped"}
     assert "forward is replaced" in reasons["wrapped"]
@@ -328,6 +355,11 @@ def test_unsupported_modules_stay_on_torch_and_are_listed():
     assert all(name in str(record[0].message) for name in reasons)
     for name in reasons:  # untouched: torch's class, torch's result
         assert type(model[name]) is type(reference[name])
+    # By default the plain "ok" Linear is also left, by the rule: listed, not warned about.
+    with pytest.warns(PatchWarning, match="left 6 module") as record:
+        result = tw.patch(by_default)
+    assert result["linear"] == 0 and left_by_rule(result) == ["ok"]
+    assert "ok (linear)" not in str(record[0].message)
     x = rand(2, 3, 6, 6, seed=1)
     torch.testing.assert_close(model["reflect"](x), reference["reflect"](x))
     q, kv = rand(5, 2, 8, seed=2), rand(6, 2, 4, seed=3)
@@ -383,9 +415,11 @@ def test_compiled_models_are_refused_untouched():
 def test_bad_arguments():
     with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
         tw.patch(lambda x: x)
-    for flag in ("layer_norm", "linear", "conv2d", "attention"):
+    for flag in ("layer_norm", "rms_norm", "linear", "conv2d", "attention"):
         with pytest.raises(TypeError, match=flag):
             tw.patch(nn.Linear(2, 2), **{flag: 1})
+    with pytest.raises(ValueError, match="linear must be a bool or one of"):
+        tw.patch(nn.Linear(2, 2), linear="sometimes")
 
 
 def test_several_device_kinds_are_refused_untouched():
@@ -409,7 +443,8 @@ def test_meta_model_is_patched_and_materialises():
     with torch.device("meta"):
         model = nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4))
     result = patch_quietly(model)
-    assert result == counts(layer_norm=1, linear=2) and fused(result) == {"linear_activation": 1}
+    assert result == counts(layer_norm=1, linear=1) and fused(result) == {"linear_activation": 1}
+    assert left_by_rule(result) == ["3"]
     model.to_empty(device=DEVICE)
     model.load_state_dict(reference.state_dict())
     assert_same_function(model, reference, rand(3, 8, seed=1))
@@ -418,7 +453,9 @@ def test_meta_model_is_patched_and_materialises():
 def test_the_model_itself_is_swapped_in_place():
     layer = nn.Linear(6, 3).to(DEVICE)
     reference = copy.deepcopy(layer)
-    assert patch_quietly(layer) == counts(linear=1)
+    assert patch_quietly(layer, linear=False) == counts() and type(layer) is nn.Linear
+    assert patch_quietly(layer) == counts() and type(layer) is nn.Linear  # nothing to fuse
+    assert patch_quietly(layer, linear="always") == counts(linear=1)
     assert type(layer) is tw.Linear
     assert_same_function(layer, reference, rand(4, 6, seed=1))
 
@@ -471,3 +508,81 @@ def test_encoder_in_eval_calls_the_swapped_attention(monkeypatch):
     assert len(model.layers[0].self_attn._forward_hooks) == 1
     handle.remove()  # the user's handle still removes its hook after the swap
     assert not model.layers[0].self_attn._forward_hooks
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.nn.RMSNorm, the linear= rule, padded batches in an encoder, the interpreter warning.
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("eps", [None, 1e-3])
+def test_rms_norm(eps):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.RMSNorm(24, eps=eps), nn.Linear(24, 8), nn.ReLU()).to(DEVICE)
+    with torch.no_grad():
+        model[0].weight.add_(rand(24, seed=2) * 0.3)
+    reference = copy.deepcopy(model)
+    assert patch_quietly(model) == counts(rms_norm=1, linear=1)
+    assert type(model[0]) is tw.RMSNorm and model[0].eps == eps
+    assert_same_function(model, reference, rand(3, 5, 24, seed=1))
+    assert patch_quietly(nn.RMSNorm(4).to(DEVICE), rms_norm=False) == counts()
+
+
+def test_linear_true_is_the_fused_rule_and_false_swaps_none():
+    def build():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8)).to(DEVICE)
+
+    results = {flag: patch_quietly(m := build(), linear=flag) for flag in (True, "fused", False)}
+    assert results[True] == results["fused"] == counts(linear=1)
+    assert left_by_rule(results[True]) == ["2"]
+    assert results[False] == counts() and not results[False].skipped  # not asked: not listed
+    assert type(m[0]) is nn.Linear and type(m) is nn.Sequential
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+def test_padded_batch_in_a_patched_encoder_in_eval_mode():
+    """A default TransformerEncoder (nested-tensor fast path on) in eval under no_grad with a
+    src_key_padding_mask packed the batch into a nested tensor, which the swapped attention
+    refused ("nested tensors are not supported"); patch keeps that encoder off the nested path,
+    and the padding mask goes to torch's attention."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+    model = nn.TransformerEncoder(layer, 2).to(DEVICE)  # enable_nested_tensor=True
+    assert model.use_nested_tensor
+    reference = copy.deepcopy(model)
+    patch_quietly(model)
+    assert not model.use_nested_tensor and reference.use_nested_tensor
+    model.eval(), reference.eval()
+    x = rand(2, 7, 16, seed=8)
+    padding = torch.zeros(2, 7, dtype=torch.bool, device=DEVICE)
+    padding[1, 5:] = True
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", PatchWarning)  # the fallback to torch's attention, said
+        out = model(x, src_key_padding_mask=padding)
+        expected = reference(x, src_key_padding_mask=padding)
+    # torch's nested path leaves padded rows as zeros; compare the tokens that exist
+    keep = ~padding
+    torch.testing.assert_close(out[keep], expected.to_padded_tensor(0.0)[keep] if expected.is_nested
+                               else expected[keep], **TOL)  # fmt: skip
+    with torch.no_grad():  # and without a mask, the kernels
+        torch.testing.assert_close(model(x), reference(x), **TOL)
+
+
+def test_interpreter_warning_is_said_once(monkeypatch):
+    monkeypatch.setattr(triton_workshop.runtime.mode, "INTERPRET", True)
+    monkeypatch.setattr(patch_module, "_interpreter_warning_given", False)
+    model = nn.Sequential(nn.LayerNorm(4)).to(DEVICE)
+    with pytest.warns(InterpreterWarning, match="interpreter.*50-90x slower"):
+        tw.patch(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", InterpreterWarning)
+        tw.patch(nn.Sequential(nn.LayerNorm(4)).to(DEVICE))  # once a process
+    monkeypatch.setattr(patch_module, "_interpreter_warning_given", False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", InterpreterWarning)
+        tw.patch(nn.Sequential(nn.Linear(4, 4)).to(DEVICE))  # nothing swapped: nothing to say
+    monkeypatch.setattr(triton_workshop.runtime.mode, "INTERPRET", False)
+    monkeypatch.setattr(patch_module, "_interpreter_warning_given", False)
+    if DEVICE.type == "cuda":
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", InterpreterWarning)
+            tw.patch(nn.Sequential(nn.LayerNorm(4)).to(DEVICE))

@@ -10,6 +10,7 @@ from .modules import (
     Softmax,
 )
 from .conv import Conv2d
+from .rms_norm import RMSNorm
 from .patch import patch
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "Linear",
     "MultiheadAttention",
     "MultiheadSelfAttention",
+    "RMSNorm",
     "Softmax",
     "patch",
 ]

@@ -11,7 +11,9 @@ What is swapped (exact classes only; a subclass may compute something else, so i
 
 ========================================  ===========================================
 ``torch.nn.LayerNorm``                    :class:`triton_workshop.nn.LayerNorm`
-``torch.nn.Linear``                       :class:`triton_workshop.nn.Linear`
+``torch.nn.RMSNorm``                      :class:`triton_workshop.nn.RMSNorm`
+``torch.nn.Linear`` (see below: only      :class:`triton_workshop.nn.Linear`
+where a fusion removes work, by default)
 ``torch.nn.Conv2d`` (``padding_mode``     :class:`triton_workshop.nn.Conv2d`
 ``"zeros"``)
 ``torch.nn.MultiheadAttention`` (packed   :class:`PatchedMultiheadAttention`: triton-workshop's
@@ -27,6 +29,24 @@ memory), and ``LayerNorm`` then ``Linear`` (not followed by an activation) as
 wins where both could apply). The modules themselves stay separate (each is a
 correct drop-in when called alone, and the state_dict keeps its keys); the Sequential decides at
 each call, and runs them one by one when a hook sits on either.
+
+**Which Linears.** A module is swapped where a fusion removes work or where the Triton kernel is
+the faster one: norms, convolutions and attention always; a ``Linear`` only where something runs
+fused with it (an activation in its epilogue, a LayerNorm before it, inside a Sequential as above).
+A plain ``Linear`` with nothing to fuse is the same matmul either way, and cuBLAS runs it with less
+host time a call, so it stays on torch, listed in ``skipped`` (with ``policy=True``; no warning).
+``linear="always"`` swaps every ``Linear``; ``linear=True`` is the default ``"fused"`` rule;
+``linear=False`` (or ``"never"``) swaps none. The rule is the same in interpreter mode, so that a
+model patched on the CPU has the modules it would have on the GPU.
+
+**Interpreter mode.** Without a GPU the kernels run in Triton's interpreter, 50-90x slower than
+torch on the CPU: ``patch`` says so once a process in an :class:`InterpreterWarning` (a
+:class:`PatchWarning`) the first time it puts a model on the kernels there.
+
+**torch.nn.TransformerEncoder.** Its eval-mode fast path packs a padded batch into a nested
+tensor, which the swapped attention cannot read: an encoder whose layers' attention is swapped
+is kept off that path (``use_nested_tensor = False`` on the instance); its padding masks then go
+to torch's attention (:class:`PatchedMultiheadAttention`) with the same result.
 
 **In place, sharing everything.** A swapped module is the *same object*, turned into the new
 class: its Parameters (so optimisers and tied weights), buffers, hooks, ``training`` flag, extra
@@ -65,7 +85,7 @@ from . import modules as tw
 from .conv import Conv2d
 
 #: The keys of the counts ``patch`` returns, always all present: modules swapped, per kind.
-COUNT_KEYS = ("layer_norm", "linear", "conv2d", "attention")
+COUNT_KEYS = ("layer_norm", "rms_norm", "linear", "conv2d", "attention")
 #: The keys of ``PatchCounts.fused``: pairs that run fused inside a Sequential, per fusion.
 FUSION_KEYS = ("layer_norm_linear", "linear_activation")
 
@@ -75,8 +95,22 @@ _FLOAT_DTYPES = runtime.FLOAT_DTYPES
 _LINEAR_CLASSES = (nn.Linear, nn.modules.linear.NonDynamicallyQuantizableLinear)
 
 
+#: The values of ``linear=``: True is "fused", False is "never".
+LINEAR_POLICIES = ("fused", "always", "never")
+
+
 class PatchWarning(UserWarning):
     """What ``patch`` left on torch (and why), and calls a patched module handed to torch."""
+
+
+class InterpreterWarning(PatchWarning):
+    """The patched model will run its kernels in Triton's interpreter (no GPU): correct, but
+    50-90x slower than torch on the CPU. Said once a process."""
+
+
+class PolicyReason(str):
+    """A reason for leaving a module on torch that is a choice (cuBLAS is as fast or faster
+    there), not a limitation: listed in ``skipped`` with ``policy=True``, not warned about."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +120,8 @@ class Skipped:
     name: str
     kind: str
     reason: str
+    #: True where the module was left by the ``linear=`` rule (a choice), not for a limitation.
+    policy: bool = False
 
     def __str__(self) -> str:
         return f"{self.name or '<model>'} ({self.kind}): {self.reason}"
@@ -208,7 +244,7 @@ _ACTIVATIONS: dict[type, Callable[[nn.Module], tuple[str | None, float]]] = {
 }
 
 
-def _has_hooks(module: nn.Module) -> bool:
+def has_hooks(module: nn.Module) -> bool:
     return bool(
         module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
         or getattr(module, "_backward_pre_hooks", None)
@@ -218,7 +254,7 @@ def _has_hooks(module: nn.Module) -> bool:
 def _runtime_kind(module) -> str | None:
     """The part a module can play in a fusion now: "layer_norm", "linear" (no activation of its
     own), "activation" (one the matmul epilogue computes), or None."""
-    if module is None or _has_hooks(module):
+    if module is None or has_hooks(module):
         return None
     cls = type(module)
     if cls is tw.LayerNorm:
@@ -247,16 +283,19 @@ def _fusion(kind: str | None, next_kind: str | None, kind_after: str | None) -> 
 @dataclasses.dataclass
 class Plan:
     """What ``patch`` will do: ``swaps`` (module, template, kind, name), the Sequentials that
-    become :class:`FusedSequential`, and the counts (with ``skipped``)."""
+    become :class:`FusedSequential`, the TransformerEncoders taken off the nested-tensor path,
+    and the counts (with ``skipped``)."""
 
     swaps: list = dataclasses.field(default_factory=list)
     sequentials: list = dataclasses.field(default_factory=list)
+    encoders: list = dataclasses.field(default_factory=list)
     counts: PatchCounts = dataclasses.field(
         default_factory=lambda: PatchCounts({key: 0 for key in COUNT_KEYS})
     )
 
     def skip(self, name: str, kind: str, reason: str) -> None:
-        self.counts.skipped.append(Skipped(name, kind, reason))
+        policy = isinstance(reason, PolicyReason)
+        self.counts.skipped.append(Skipped(name, kind, str(reason), policy))
 
 
 def _kernel_device_types() -> tuple[str, ...]:
@@ -315,7 +354,7 @@ def _own_tensors(module: nn.Module) -> list[torch.Tensor]:
     return [t for t in _tensors(module) if t is not None]
 
 
-def _dtype_device(module: nn.Module) -> tuple[torch.dtype | None, str | None]:
+def dtype_device(module: nn.Module) -> tuple[torch.dtype | None, str | None]:
     """The one dtype and device of a module's parameters, or a reason why there is not one."""
     tensors = _own_tensors(module)
     devices = {t.device for t in tensors}
@@ -327,7 +366,7 @@ def _dtype_device(module: nn.Module) -> tuple[torch.dtype | None, str | None]:
     return (dtypes.pop() if dtypes else None), None
 
 
-def _dtype_reason(dtype: torch.dtype | None, allowed=_FLOAT_DTYPES) -> str | None:
+def dtype_reason(dtype: torch.dtype | None, allowed=_FLOAT_DTYPES) -> str | None:
     if dtype is None or dtype in allowed:
         return None
     names = ", ".join(str(d).replace("torch.", "") for d in allowed)
@@ -341,7 +380,7 @@ def _template_linear(module: nn.Module, dtype) -> nn.Module:
 
 def _plan_layer_norm(module: nn.LayerNorm, dtype):
     # layer_norm also takes float64 rows; its parameters may have any float dtype.
-    reason = _dtype_reason(dtype, _FLOAT_DTYPES + (torch.float64,))
+    reason = dtype_reason(dtype, _FLOAT_DTYPES + (torch.float64,))
     if reason:
         return None, reason
     template = tw.LayerNorm(
@@ -351,8 +390,21 @@ def _plan_layer_norm(module: nn.LayerNorm, dtype):
     return [(module, template)], None
 
 
+def _plan_rms_norm(module: nn.Module, dtype):
+    from .rms_norm import RMSNorm
+
+    reason = dtype_reason(dtype, _FLOAT_DTYPES + (torch.float64,))
+    if reason:
+        return None, reason
+    template = RMSNorm(
+        module.normalized_shape, eps=module.eps, elementwise_affine=module.elementwise_affine,
+        device="meta", dtype=dtype,
+    )  # fmt: skip
+    return [(module, template)], None
+
+
 def _plan_linear(module: nn.Linear, dtype):
-    reason = _dtype_reason(dtype)
+    reason = dtype_reason(dtype)
     if reason:
         return None, reason
     return [(module, _template_linear(module, dtype))], None
@@ -361,7 +413,7 @@ def _plan_linear(module: nn.Linear, dtype):
 def _plan_conv2d(module: nn.Conv2d, dtype):
     if module.padding_mode != "zeros":
         return None, (f"padding_mode={module.padding_mode!r}: conv2d pads with zeros only")
-    reason = _dtype_reason(dtype)
+    reason = dtype_reason(dtype)
     if reason:
         return None, reason
     template = Conv2d(
@@ -377,7 +429,7 @@ def _plan_attention(module: nn.MultiheadAttention, dtype):
         return None, "kdim/vdim differ from embed_dim (separate q/k/v projection weights)"
     if module.bias_k is not None or module.add_zero_attn:
         return None, "add_bias_kv / add_zero_attn are not supported by the fused attention"
-    reason = _dtype_reason(dtype)
+    reason = dtype_reason(dtype)
     if reason:
         return None, reason
     has_bias = module.in_proj_bias is not None
@@ -399,19 +451,31 @@ def tw_attention_max_head_dim() -> int:
     return MAX_HEAD_DIM
 
 
-#: kind -> (flag name, torch classes swapped exactly, planner, our classes (never listed))
+def _rms_norm_classes() -> tuple[type, ...]:
+    from .rms_norm import RMSNorm
+
+    return (RMSNorm,)
+
+
+#: kind -> (torch classes swapped exactly, planner, our classes (never listed)); a callable
+#: instead of our classes is called when first needed (a module imported on use).
 _RULES = {
     "layer_norm": ((nn.LayerNorm,), _plan_layer_norm, (tw.LayerNorm,)),
+    "rms_norm": ((nn.RMSNorm,), _plan_rms_norm, _rms_norm_classes),
     "linear": (_LINEAR_CLASSES, _plan_linear, (tw.Linear,)),
     "conv2d": ((nn.Conv2d,), _plan_conv2d, (Conv2d,)),
     "attention": ((nn.MultiheadAttention,), _plan_attention, (tw.MultiheadAttention,)),
 }
 
 
-def plan_patch(model: nn.Module, *, kinds: Iterable[str], extra=None) -> Plan:
+def plan_patch(model: nn.Module, *, kinds: Iterable[str], extra=None, linear: str = "fused") -> Plan:
     """Decide every swap (see :func:`patch`); ``extra(name, module)`` may claim a module first:
-    it returns None (not its business), or ``(kind, swaps, reason)``."""
+    it returns None (not its business), ``(None, None, None)`` (its business: leave the module
+    as it is, unlisted), or ``(kind, swaps, reason)`` (a :class:`PolicyReason` for a choice). ``linear`` is the rule for plain Linears (:data:`LINEAR_POLICIES`; only read
+    when ``"linear"`` is among ``kinds``)."""
     check_model(model)
+    if linear not in LINEAR_POLICIES:
+        raise ValueError(f"linear must be one of {LINEAR_POLICIES}, got {linear!r}")
     kinds = set(kinds)
     plan = Plan()
     owned: list[str] = []  # prefixes of subtrees that belong to a module taken whole
@@ -428,6 +492,8 @@ def plan_patch(model: nn.Module, *, kinds: Iterable[str], extra=None) -> Plan:
         if decision is None:
             continue
         kind, swaps, reason = decision
+        if kind is None:  # claimed by ``extra``: left as it is, not listed
+            continue
         if reason is None:
             reason = next(filter(None, (_layout_mismatch(t, tpl) for t, tpl in swaps)), None)
         if reason is not None:
@@ -435,8 +501,42 @@ def plan_patch(model: nn.Module, *, kinds: Iterable[str], extra=None) -> Plan:
             continue
         plan.swaps.extend((target, template, kind, name) for target, template in swaps)
         plan.counts[kind] = plan.counts.get(kind, 0) + 1
-    _plan_sequentials(model, plan)
+    fused_ids = _plan_sequentials(model, plan)
+    if linear == "fused":
+        _keep_unfused_linears_on_torch(plan, fused_ids)
+    _plan_encoders(model, plan)
     return plan
+
+
+#: Why a plain Linear stays on torch under the default rule.
+UNFUSED_LINEAR = PolicyReason(
+    "a plain matmul with nothing fused into it: cuBLAS runs it as fast with less host time "
+    "(linear='always' swaps it)"
+)
+
+
+def _keep_unfused_linears_on_torch(plan: Plan, fused_ids: set[int]) -> None:
+    kept = []
+    for swap in plan.swaps:
+        target, _, kind, name = swap
+        if kind == "linear" and id(target) not in fused_ids:
+            plan.counts["linear"] -= 1
+            plan.skip(name, "linear", UNFUSED_LINEAR)
+        else:
+            kept.append(swap)
+    plan.swaps[:] = kept
+
+
+def _plan_encoders(model: nn.Module, plan: Plan) -> None:
+    """torch.nn.TransformerEncoders whose layers' attention becomes ours leave the nested-tensor
+    fast path (see the module docstring)."""
+    becoming = {id(target) for target, _, kind, _ in plan.swaps if kind == "attention"}
+    for module in model.modules():
+        if not isinstance(module, nn.TransformerEncoder) or not getattr(module, "use_nested_tensor", False):
+            continue
+        attentions = [getattr(layer, "self_attn", None) for layer in module.layers]
+        if any(id(a) in becoming or isinstance(a, tw.MultiheadAttention) for a in attentions):
+            plan.encoders.append(module)
 
 
 def _decide(module: nn.Module, kinds: set[str]):
@@ -445,12 +545,16 @@ def _decide(module: nn.Module, kinds: set[str]):
         if kind not in kinds:
             continue
         if cls in torch_classes:
-            dtype, reason = _dtype_device(module)
+            dtype, reason = dtype_device(module)
             if reason:
                 return kind, None, reason
             swaps, reason = planner(module, dtype)
             return kind, swaps, reason
-        if isinstance(module, torch_classes) and not isinstance(module, ours):
+        if not isinstance(module, torch_classes):
+            continue
+        if not isinstance(ours, tuple):
+            ours = ours()
+        if not isinstance(module, ours):
             return kind, None, (
                 f"{cls.__module__}.{cls.__qualname__} is a subclass of "
                 f"{torch_classes[0].__qualname__}: its forward may compute something else"
@@ -471,11 +575,13 @@ def _layout_mismatch(module: nn.Module, template: nn.Module) -> str | None:
     return None
 
 
-def _plan_sequentials(model: nn.Module, plan: Plan) -> None:
+def _plan_sequentials(model: nn.Module, plan: Plan) -> set[int]:
+    """Plan the Sequentials that fuse; returns the ids of the modules in a fused pair."""
+    in_pairs: set[int] = set()
     becomes = {id(target): type(template) for target, template, _, _ in plan.swaps}
 
     def planned_kind(module):
-        if module is None or _has_hooks(module):
+        if module is None or has_hooks(module):
             return None
         cls = becomes.get(id(module))
         if cls is None:
@@ -505,10 +611,12 @@ def _plan_sequentials(model: nn.Module, plan: Plan) -> None:
             # Counted when this patch makes it happen (patching twice counts nothing new).
             if type(module) is nn.Sequential or id(steps[i]) in becomes or id(steps[i + 1]) in becomes:
                 plan.counts.fused[fusion] += 1
+            in_pairs.update((id(steps[i]), id(steps[i + 1])))
             fused = True
             i += 2
         if fused and type(module) is nn.Sequential:
             plan.sequentials.append(module)
+    return in_pairs
 
 
 # --------------------------------------------------------------------------------------------
@@ -543,20 +651,59 @@ def apply_plan(plan: Plan) -> PatchCounts:
         _become(module, template)
     for sequential in plan.sequentials:
         sequential.__class__ = FusedSequential
-    if plan.counts.skipped:
-        lines = "\n  ".join(str(s) for s in plan.counts.skipped)
-        warnings.warn(
-            f"patch left {len(plan.counts.skipped)} module(s) on torch (they work as before):"
-            f"\n  {lines}",
-            PatchWarning,
-            stacklevel=3,
-        )
+    for encoder in plan.encoders:
+        encoder.use_nested_tensor = False
+    warn_skipped(plan.counts.skipped)
+    warn_if_interpreted(bool(plan.swaps))
     return plan.counts
 
 
-def _check_flag(value, name: str) -> bool:
+def warn_skipped(skipped: list[Skipped], stacklevel: int = 4) -> None:
+    """One :class:`PatchWarning` naming the modules left on torch for a limitation (those left
+    by choice, ``policy=True``, are in the list only)."""
+    limited = [s for s in skipped if not s.policy]
+    if limited:
+        lines = "\n  ".join(str(s) for s in limited)
+        warnings.warn(
+            f"patch left {len(limited)} module(s) on torch (they work as before):\n  {lines}",
+            PatchWarning,
+            stacklevel=stacklevel,
+        )
+
+
+_interpreter_warning_given = False
+
+
+def warn_if_interpreted(changed: bool, stacklevel: int = 4) -> None:
+    """An :class:`InterpreterWarning`, once a process, when a model was just put on kernels that
+    run in Triton's interpreter."""
+    global _interpreter_warning_given
+    if not changed or not runtime.mode.INTERPRET or _interpreter_warning_given:
+        return
+    _interpreter_warning_given = True
+    warnings.warn(
+        f"the patched model runs its kernels in Triton's interpreter ({runtime.mode.INTERPRET_REASON})"
+        ": the results are right, but it runs 50-90x slower than torch on the CPU. On a machine "
+        "with a GPU, move the model there (model.to('cuda')) and patch it there",
+        InterpreterWarning,
+        stacklevel=stacklevel,
+    )
+
+
+def check_flag(value, name: str) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value
+
+
+def linear_policy(value) -> str:
+    """``linear=`` as one of :data:`LINEAR_POLICIES`: True is "fused", False is "never"."""
+    if isinstance(value, bool):
+        return "fused" if value else "never"
+    if not isinstance(value, str):
+        raise TypeError(f"linear must be a bool or one of {LINEAR_POLICIES}, got {type(value).__name__}")
+    if value not in LINEAR_POLICIES:
+        raise ValueError(f"linear must be a bool or one of {LINEAR_POLICIES}, got {value!r}")
     return value
 
 
@@ -564,26 +711,33 @@ def patch(
     model: nn.Module,
     *,
     layer_norm: bool = True,
-    linear: bool = True,
+    rms_norm: bool = True,
+    linear: bool | str = True,
     conv2d: bool = True,
     attention: bool = True,
 ) -> dict[str, int]:
-    """Swap ``model``'s ``torch.nn.LayerNorm``, ``Linear``, ``Conv2d`` and
+    """Swap ``model``'s ``torch.nn.LayerNorm``, ``RMSNorm``, ``Linear``, ``Conv2d`` and
     ``MultiheadAttention`` modules (each kind unless its flag is False) for triton-workshop's, in
     place, and fuse adjacent pairs inside ``nn.Sequential`` s (see the module docstring).
 
-    Returns the modules swapped per kind (``{"layer_norm": n, "linear": n, "conv2d": n,
-    "attention": n}``) as a :class:`PatchCounts` ``dict`` whose ``fused`` attribute counts the
-    pairs that run fused and whose ``skipped`` attribute lists the modules left on torch, which a
-    :class:`PatchWarning` also names. Raises ``TypeError``/``ValueError`` before changing
-    anything for the models it refuses (compiled, scripted, split across device kinds, on a
-    device the kernels cannot read). Patching twice changes nothing the second time.
+    ``linear``: ``True`` / ``"fused"`` (the default) swaps the Linears that run fused with a
+    neighbour, ``"always"`` every Linear, ``False`` / ``"never"`` none.
+
+    Returns the modules swapped per kind (``{"layer_norm": n, "rms_norm": n, "linear": n,
+    "conv2d": n, "attention": n}``) as a :class:`PatchCounts` ``dict`` whose ``fused`` attribute
+    counts the pairs that run fused and whose ``skipped`` attribute lists the modules left on
+    torch, with the reason (those left for a limitation are also named in a
+    :class:`PatchWarning`). Raises ``TypeError``/``ValueError`` before changing anything for the
+    models it refuses (compiled, scripted, split across device kinds, on a device the kernels
+    cannot read). Patching twice changes nothing the second time.
     """
+    policy = linear_policy(linear)
     flags = {
-        "layer_norm": _check_flag(layer_norm, "layer_norm"),
-        "linear": _check_flag(linear, "linear"),
-        "conv2d": _check_flag(conv2d, "conv2d"),
-        "attention": _check_flag(attention, "attention"),
+        "layer_norm": check_flag(layer_norm, "layer_norm"),
+        "rms_norm": check_flag(rms_norm, "rms_norm"),
+        "linear": policy != "never",
+        "conv2d": check_flag(conv2d, "conv2d"),
+        "attention": check_flag(attention, "attention"),
     }
-    plan = plan_patch(model, kinds=[kind for kind, on in flags.items() if on])
+    plan = plan_patch(model, kinds=[kind for kind, on in flags.items() if on], linear=policy)
     return apply_plan(plan)

@@ -1,0 +1,576 @@
+"""Hugging Face transformers on triton-workshop's kernels: an attention implementation, and
+``patch_model(model)``, one call for Llama, Mistral, Qwen2/Qwen3, Gemma/Gemma 2/Gemma 3 (text),
+Phi-3, GPT-OSS and GPT-2. Needs ``pip install transformers`` (an optional dependency: nothing
+else in the package imports this module).
+
+::
+
+    import triton_workshop.integrations.transformers as tw_hf   # registers "triton_workshop"
+    model = AutoModelForCausalLM.from_pretrained(...)           # or from_config
+    counts = tw_hf.patch_model(model)   # {'rms_norm': 5, 'rope': 2, 'swiglu': 2, 'attention': 2,
+                                        #  'cross_entropy': 1, ...}; counts.skipped: what stayed
+
+**Attention.** Importing this module registers ``"triton_workshop"`` with transformers'
+``AttentionInterface`` (and, for the masks, the same mask builder as ``"sdpa"``, which passes no
+mask when there is nothing but causality to mask), so ``attn_implementation="triton_workshop"``
+works wherever ``"sdpa"`` does. The module's sliding window, logit soft-capping (``softcap``),
+attention sinks (GPT-OSS's ``s_aux``), dropout and padding reach the kernel's keywords: a mask is
+read back into ``causal`` / ``window`` / ``key_padding_mask`` and used only where those rebuild it
+exactly (a single query takes any mask as a key mask). A call the kernel cannot take (a mask
+pattern it cannot express, a feature this installation's kernel lacks, position biases, head dims
+that differ, a mask under ``torch.compile``) is computed by the model's own implementation that
+supports it, never one that drops a feature: transformers' SDPA path, or the model's eager
+attention for soft-capping and sinks (which SDPA rejects or ignores). Each such reason is said
+once in a :class:`~triton_workshop.nn.patch.PatchWarning`. Grouped-query attention runs natively.
+
+**patch_model.** Per instance: nothing in transformers' modules changes, and another model of the
+same class (even one built from the same config object: the patched model gets its own copy of
+its config) computes as before. What it changes, each counted under its kind:
+
+* ``rms_norm``: every RMSNorm whose code is Llama's, Gemma's (``1 + weight``) or GPT-OSS's, through
+  :func:`~triton_workshop.ops.rms_norm.rms_norm` with that module's rounding; and
+  ``torch.nn.RMSNorm``. The residual add before a norm is not fused into it: that would take
+  rewriting each family's decoder-layer forward, so the add stays a torch op.
+* ``rope``: the attention's ``apply_rotary_pos_emb`` (rotate-half, partial rotary, GPT-OSS's half
+  table) through :func:`~triton_workshop.ops.rope.rope`, by giving the attention module a forward
+  that calls ours.
+* ``swiglu`` / ``geglu``: gated MLPs (Llama-style ``gate_proj``/``up_proj``/``down_proj``, Phi-3's
+  fused ``gate_up_proj``) with the activation and product in one kernel. GPT-OSS's mixture of
+  experts stays on torch (listed).
+* ``cross_entropy``: the causal-LM loss when called with ``labels`` (see :mod:`.loss`; the output
+  then has ``logits=None``; ``return_logits=True`` gives the model's own path).
+* ``attention``: the attention modules on ``attn_implementation="triton_workshop"``.
+* ``layer_norm``, ``linear``, ``conv2d`` as :func:`triton_workshop.nn.patch` (same ``linear=``
+  rule: a plain Linear stays on cuBLAS unless ``linear="always"``), and ``conv1d``: GPT-2's
+  ``Conv1D`` through :func:`triton_workshop.linear`, the MLP's GELU fused into ``c_fc``.
+
+Modules recognised by what their code computes (:mod:`.families`); a module of a kind asked for
+that cannot be taken is listed in the result's ``skipped`` and a ``PatchWarning``; in place, the
+same Parameters and state_dict keys; compiled models refused before anything changes.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import inspect
+import warnings
+
+import torch
+from torch import nn
+
+try:
+    import transformers  # noqa: F401
+    from transformers import AttentionInterface, PretrainedConfig, PreTrainedModel
+    from transformers import activations as hf_activations
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.pytorch_utils import Conv1D as HFConv1D
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "triton_workshop.integrations.transformers needs the transformers package "
+        f"(pip install transformers): {exc}"
+    ) from exc
+
+from ... import runtime
+from ...nn.patch import (
+    PatchWarning,
+    UNFUSED_LINEAR,
+    apply_plan,
+    check_flag,
+    dtype_device,
+    dtype_reason,
+    has_hooks,
+    linear_policy,
+    plan_patch,
+    warn_if_interpreted,
+)
+from ...ops import attention as attention_ops
+from ...ops.attention import MAX_HEAD_DIM, attention
+from ...ops.matmul import check_activation
+from ...ops.matmul import linear as linear_op
+from . import families, loss
+
+#: The name to pass as ``attn_implementation``.
+ATTN_IMPLEMENTATION = "triton_workshop"
+
+__all__ = ["ATTN_IMPLEMENTATION", "Conv1D", "attention_forward", "patch_model", "register"]
+
+#: The kinds ``patch_model`` counts, beyond :func:`triton_workshop.nn.patch`'s.
+EXTRA_COUNT_KEYS = ("conv1d", "rope", "swiglu", "geglu", "cross_entropy")
+
+
+# --------------------------------------------------------------------------------------------
+# Attention.
+# --------------------------------------------------------------------------------------------
+_warned: set[str] = set()
+
+
+def kernel_keywords() -> frozenset[str]:
+    """The keywords :func:`triton_workshop.attention` takes in this installation."""
+    return frozenset(inspect.signature(attention_ops.attention).parameters)
+
+
+def _sinks(kwargs) -> torch.Tensor | None:
+    return kwargs.get("s_aux") if kwargs.get("s_aux") is not None else kwargs.get("sinks")
+
+
+def _unsupported(query, key, value, kwargs) -> str | None:
+    """Why this call cannot take the fused kernel whatever its mask, or None."""
+    if kwargs.get("position_bias") is not None:
+        return "position_bias (the fused kernel has none)"
+    dtypes = {query.dtype, key.dtype, value.dtype}
+    if len(dtypes) > 1 or query.dtype not in runtime.FLOAT_DTYPES:
+        return f"dtypes {sorted(map(str, dtypes))} (the kernel takes one of fp16, bf16, fp32)"
+    kernel_devices = ("cuda", "cpu") if runtime.mode.INTERPRET else ("cuda",)
+    if query.device.type not in kernel_devices:
+        return f"tensors on {query.device}"
+    head_dim = query.shape[-1]
+    if key.shape[-1] != head_dim or value.shape[-1] != head_dim or head_dim > MAX_HEAD_DIM:
+        return f"head dims q {head_dim}, k {key.shape[-1]}, v {value.shape[-1]}"
+    if key.shape[1] == 0 or query.shape[1] % key.shape[1] != 0:
+        return f"{query.shape[1]} query heads over {key.shape[1]} key/value heads"
+    return None
+
+
+def _pattern(n_q: int, n_k: int, causal: bool, window: int | None, device) -> torch.Tensor | None:
+    """The (Nq, Nk) keys each query sees under the kernel's ``causal`` (key j <= query i, the
+    top-left alignment of SDPA's is_causal) and ``window`` (i - j < window), or None for all."""
+    if not causal and window is None:
+        return None
+    i = torch.arange(n_q, device=device)[:, None]
+    j = torch.arange(n_k, device=device)[None, :]
+    seen = torch.ones(n_q, n_k, dtype=torch.bool, device=device)
+    if causal:
+        seen &= j <= i
+    if window is not None:
+        seen &= (i - j) < window
+    return seen
+
+
+def _read_mask(mask: torch.Tensor, batch: int, n_q: int, n_k: int, causal: bool, window):
+    """``(causal, window, key_padding_mask)`` that rebuild ``mask`` (a boolean (B or 1, 1, Nq,
+    Nk) mask, True = attend) exactly, or a reason why none does."""
+    if mask.dtype != torch.bool:
+        return f"a {mask.dtype} attention mask (the kernel reads boolean ones)"
+    if mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[0] not in (1, batch) or tuple(
+        mask.shape[2:]) != (n_q, n_k):  # fmt: skip
+        return f"an attention mask of shape {tuple(mask.shape)}"
+    if torch.compiler.is_compiling():
+        return "an attention mask under torch.compile (reading it back would break the graph)"
+    rows = mask[:, 0]
+    if n_q == 1:  # one query: any mask is a key mask
+        padding, causal, window = rows[:, 0], False, None
+    else:
+        padding = rows.any(dim=1)  # the keys some query sees
+        expected = padding[:, None, :]
+        seen = _pattern(n_q, n_k, causal, window, mask.device)
+        if seen is not None:
+            expected = expected & seen
+        if not torch.equal(rows, expected.expand_as(rows)):
+            return "an attention mask the kernel's causal/window/key-padding cannot express"
+    padding = None if bool(padding.all()) else padding.expand(batch, n_k)
+    return causal, window, padding
+
+
+def _kernel_arguments(query, key, value, attention_mask, dropout, is_causal, module, kwargs):
+    """The kernel's (q, k, v, keywords) for this call, or a reason it cannot take it."""
+    reason = _unsupported(query, key, value, kwargs)
+    if reason is not None:
+        return reason
+    if is_causal is None:
+        is_causal = getattr(module, "is_causal", True)
+    q_len, kv_len = query.shape[2], key.shape[2]
+    keywords = {}
+    if attention_mask is None:
+        causal = bool(is_causal) and q_len > 1
+        if causal and kv_len > q_len:
+            # No mask and more keys than queries while causal: the prefill of an empty static
+            # cache, whose keys past the queries are unused slots (as sdpa_attention_forward).
+            key, value = key[:, :, :q_len], value[:, :, :q_len]
+    else:
+        read = _read_mask(attention_mask, query.shape[0], q_len, kv_len, bool(is_causal),
+                          kwargs.get("sliding_window"))  # fmt: skip
+        if isinstance(read, str):
+            return read
+        causal, window, padding = read
+        if window is not None:
+            keywords["window"] = int(window)
+        if padding is not None:
+            keywords["key_padding_mask"] = padding
+    if kwargs.get("softcap") is not None:
+        keywords["softcap"] = float(kwargs["softcap"])
+    if _sinks(kwargs) is not None:
+        keywords["sinks"] = _sinks(kwargs)
+    if dropout:
+        keywords["dropout_p"] = float(dropout)
+    missing = sorted(set(keywords) - kernel_keywords())
+    if missing:
+        return f"{', '.join(missing)} (not a keyword of this installation's attention kernel)"
+    return query, key, value, dict(keywords, causal=causal)
+
+
+def _eager_for(module: nn.Module, kwargs):
+    """The module's own eager attention where it computes every feature of the call, or None."""
+    eager = vars(importlib.import_module(type(module).__module__)).get("eager_attention_forward")
+    if eager is None:
+        return None
+    if kwargs.get("softcap") is not None and "softcap" not in inspect.signature(eager).parameters:
+        return None
+    sinks = _sinks(kwargs)
+    if sinks is not None and not (sinks is getattr(module, "sinks", None)
+                                  and "sinks" in eager.__code__.co_names):  # fmt: skip
+        return None
+    return eager
+
+
+def _additive_mask(mask, query, key, is_causal):
+    """What the eager attentions add to the scores: 0 where a key is seen, the dtype's minimum
+    elsewhere, from sdpa_mask's boolean mask, or from SDPA's is_causal where no mask was built."""
+    q_len, kv_len = query.shape[2], key.shape[2]
+    if mask is None:
+        causal = is_causal and q_len > 1
+        mask = _pattern(q_len, kv_len, causal, None, query.device)
+        if mask is None:
+            return None
+    if mask.dtype != torch.bool:
+        return mask
+    zero = torch.zeros((), dtype=query.dtype, device=query.device)
+    return torch.where(mask, zero, torch.finfo(query.dtype).min)
+
+
+def _fallback(module, query, key, value, attention_mask, dropout, scaling, is_causal, kwargs):
+    if kwargs.get("softcap") is None and _sinks(kwargs) is None:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+            is_causal=is_causal, **kwargs,
+        )  # fmt: skip
+    eager = _eager_for(module, kwargs)
+    if eager is None:
+        raise NotImplementedError(
+            f"{type(module).__name__}: no implementation of this model computes this call with "
+            "its soft-capping/sinks and the kernel cannot take it either"
+        )
+    if is_causal is None:
+        is_causal = getattr(module, "is_causal", True)
+    mask = _additive_mask(attention_mask, query, key, is_causal)
+    return eager(module, query, key, value, mask, dropout=dropout, scaling=scaling, **kwargs)
+
+
+def attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention interface over :func:`triton_workshop.attention`: q (B, H, Nq, D),
+    k and v (B, H_kv, Nk, D); returns ((B, Nq, H, D), None) like ``sdpa_attention_forward``, with
+    which it shares its reading of ``is_causal`` (causal unless the module says otherwise, never
+    for a single query, which sees the whole cache)."""
+    call = _kernel_arguments(query, key, value, attention_mask, dropout, is_causal, module, kwargs)
+    if isinstance(call, str):
+        if call not in _warned and not torch.compiler.is_compiling():
+            _warned.add(call)
+            where = ("the model's eager attention" if kwargs.get("softcap") is not None
+                     or _sinks(kwargs) is not None else "transformers' SDPA path")  # fmt: skip
+            warnings.warn(
+                f"attn_implementation={ATTN_IMPLEMENTATION!r}: a call with {call} is computed by "
+                f"{where}", PatchWarning, stacklevel=2,
+            )  # fmt: skip
+        return _fallback(module, query, key, value, attention_mask, dropout, scaling, is_causal,
+                         kwargs)  # fmt: skip
+    query, key, value, keywords = call
+    out = attention(query, key, value, scale=scaling, **keywords)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register() -> None:
+    """Register ``"triton_workshop"`` with transformers' attention and mask interfaces (done on
+    import; calling it again is harmless)."""
+    AttentionInterface.register(ATTN_IMPLEMENTATION, attention_forward)
+    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, sdpa_mask)
+
+
+register()
+
+
+# --------------------------------------------------------------------------------------------
+# Conv1D.
+# --------------------------------------------------------------------------------------------
+class Conv1D(HFConv1D):
+    """transformers' ``Conv1D`` (``y = x @ weight + bias``, weight (nx, nf)) computed by
+    :func:`triton_workshop.linear` on the weight read transposed in place (no copy), with an
+    optional fused activation (``None``, ``"relu"``, ``"leaky_relu"``, ``"gelu"``: tanh
+    approximation). A subclass of transformers' class, so its ``isinstance`` checks hold."""
+
+    def __init__(self, nf: int, nx: int, activation: str | None = None) -> None:
+        check_activation(activation, 0.01)
+        super().__init__(nf, nx)
+        self.activation = activation
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear_op(x, self.weight.t(), self.bias, self.activation)
+
+    def __repr__(self) -> str:
+        extra = f", activation={self.activation!r}" if self.activation else ""
+        return f"Conv1D(nf={self.nf}, nx={self.nx}{extra}) [triton-workshop]"
+
+
+#: The tanh-approximated GELUs of transformers.activations: what the matmul's "gelu" computes.
+_GELU_TANH = tuple(
+    cls
+    for cls in (
+        getattr(hf_activations, "NewGELUActivation", None),
+        getattr(hf_activations, "GELUTanh", None),
+        getattr(hf_activations, "PytorchGELUTanh", None),
+        getattr(hf_activations, "FastGELUActivation", None),
+    )
+    if cls is not None
+)
+
+
+def _gpt2_mlp_forward():
+    try:
+        from transformers.models.gpt2.modeling_gpt2 import GPT2MLP
+    except ImportError:  # pragma: no cover
+        return None
+    return GPT2MLP.forward
+
+
+def _gelu_fusible(mlp: nn.Module, gpt2_forward) -> bool:
+    """GPT-2's MLP computes ``c_proj(act(c_fc(x)))``: when its forward is that one and ``act`` a
+    tanh GELU, c_fc's output feeds the GELU only, so the GELU can run in c_fc's epilogue."""
+    if gpt2_forward is None or getattr(type(mlp), "forward", None) is not gpt2_forward:
+        return False
+    c_fc, act = getattr(mlp, "c_fc", None), getattr(mlp, "act", None)
+    return (
+        type(c_fc) is HFConv1D
+        and type(act) in _GELU_TANH
+        and not has_hooks(c_fc)
+        and not has_hooks(act)
+    )
+
+
+def _conv1d_claim(policy: str, enabled: bool):
+    """The ``extra`` of :func:`~triton_workshop.nn.patch.plan_patch`: GPT-2's Conv1D, and the
+    modules with a class from a previous patch_model (left alone); also returns the MLPs whose
+    GELU runs in their c_fc (filled as the modules are seen)."""
+    gpt2_forward = _gpt2_mlp_forward()
+    gelu_into: dict[int, nn.Module] = {}  # id(c_fc) -> its MLP
+
+    def claim(name: str, module: nn.Module):
+        if families.patched_kind(module) is not None:
+            return None, None, None  # patch_model's own per-instance class: leave it
+        if not enabled:
+            return None
+        if _gelu_fusible(module, gpt2_forward):
+            gelu_into[id(module.c_fc)] = module
+            return None  # the MLP itself stays; its c_fc comes next in named_modules()
+        if type(module) is not HFConv1D:
+            if isinstance(module, HFConv1D) and not isinstance(module, Conv1D):
+                return "conv1d", None, f"{type(module).__qualname__} is a subclass of Conv1D"
+            return None
+        fused = id(module) in gelu_into
+        if not fused and policy != "always":
+            return "conv1d", None, UNFUSED_LINEAR
+        dtype, reason = dtype_device(module)
+        reason = reason or dtype_reason(dtype)
+        if reason:
+            return "conv1d", None, reason
+        with torch.device("meta"):
+            template = Conv1D(module.nf, module.nx, activation="gelu" if fused else None)
+        return "conv1d", [(module, template)], None
+
+    return claim, gelu_into
+
+
+# --------------------------------------------------------------------------------------------
+# patch_model.
+# --------------------------------------------------------------------------------------------
+def _attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The modules that read ``config._attn_implementation`` to pick their attention."""
+    return [
+        (name, m) for name, m in model.named_modules()
+        if type(m).__name__.endswith("Attention") and getattr(m, "config", None) is not None
+    ]  # fmt: skip
+
+
+def _always_falls_back(module: nn.Module) -> str | None:
+    """A feature every call of this attention module has that the kernel here lacks."""
+    needs = []
+    if getattr(module, "attn_logit_softcapping", None) is not None:
+        needs.append("softcap")
+    if isinstance(getattr(module, "sinks", None), torch.Tensor):
+        needs.append("sinks")
+    missing = [n for n in needs if n not in kernel_keywords()]
+    if missing:
+        return (f"{', '.join(missing)}: not a keyword of this installation's attention kernel; "
+                "the model's own attention computes it")  # fmt: skip
+    return None
+
+
+def _plan_module(name, module, flags, plan, changes) -> None:
+    """Plan the transformers-specific change of one module (RMSNorm, gated MLP, experts)."""
+    if families.patched_kind(module) is not None:
+        return  # patched before: nothing new
+    recipe = families.norm_recipe(module)
+    if recipe is not None or type(module).__name__.endswith("RMSNorm"):
+        if not flags["rms_norm"]:
+            return
+        dtype, reason = dtype_device(module)
+        reason = reason or families.forward_replaced(module) or dtype_reason(
+            dtype, runtime.FLOAT_DTYPES + (torch.float64,))  # fmt: skip
+        if recipe is None:
+            reason = "its code is none of the RMSNorms known here (Llama's, Gemma's, GPT-OSS's)"
+        if reason:
+            plan.skip(name, "rms_norm", reason)
+            return
+        changes.append(lambda: families.patch_rms_norm(module, recipe))
+        plan.counts["rms_norm"] += 1
+        return
+    if not flags["mlp"]:
+        return
+    mlp, reason = families.mlp_recipe(module)
+    if mlp is None and reason is None:
+        if type(module).__name__.endswith("Experts"):
+            plan.skip(name, "swiglu", "mixture-of-experts experts: their gated matmuls stay on torch")
+        return
+    dtype, dtype_why = dtype_device(module)
+    reason = reason or dtype_why or families.forward_replaced(module) or dtype_reason(dtype)
+    if reason:
+        plan.skip(name, mlp.glu if mlp else "swiglu", reason)
+        return
+    changes.append(lambda: families.patch_mlp(module, mlp))
+    plan.counts[mlp.glu] += 1
+
+
+def _plan_attention(model, flags, plan, changes):
+    """RoPE per attention module (into ``changes``); returns what sets the model's attention
+    implementation, or None."""
+    modules = _attention_modules(model)
+    on_kernel = []
+    for name, module in modules:
+        if flags["rope"] and families.patched_kind(module) is None:
+            forward = families.attention_forward_with_rope(module)
+            if forward is not None and not families.forward_replaced(module):
+                changes.append(lambda m=module, f=forward: families.patch_rope(m, f))
+                plan.counts["rope"] += 1
+            elif "apply_rotary_pos_emb" in vars(importlib.import_module(type(module).__module__)):
+                plan.skip(name, "rope", families.forward_replaced(module) or (
+                    "its apply_rotary_pos_emb or its forward is none of those known here"))
+        if flags["attention"]:
+            reason = _always_falls_back(module)
+            if reason:
+                plan.skip(name, "attention", reason)
+            else:
+                on_kernel.append(module)
+    if not flags["attention"] or not on_kernel:
+        return None
+    config = getattr(model, "config", None)
+    if getattr(config, "_attn_implementation", None) == ATTN_IMPLEMENTATION:
+        return None  # set already (patching twice counts nothing new)
+    if not isinstance(model, PreTrainedModel):
+        plan.skip("", "attention", "not a transformers PreTrainedModel: set "
+                  "attn_implementation='triton_workshop' on the model that owns the config")
+        return None
+    return lambda: _set_attention(model, plan, len(on_kernel))
+
+
+def _own_config(model: PreTrainedModel) -> None:
+    """Give ``model`` (and each submodule holding it or one of its sub-configs) its own copy of
+    its config, so that setting its attention changes no other model built from that config."""
+    memo: dict = {}
+    fresh = copy.deepcopy(model.config, memo)
+    for module in model.modules():
+        for key, value in list(vars(module).items()):
+            if isinstance(value, PretrainedConfig) and id(value) in memo:
+                module.__dict__[key] = memo[id(value)]
+    model.config = fresh
+
+
+def _set_attention(model, plan, n_modules: int) -> None:
+    previous = model.config
+    _own_config(model)
+    try:
+        model.set_attn_implementation(ATTN_IMPLEMENTATION)
+    except (ValueError, KeyError, ImportError, NotImplementedError) as exc:
+        plan.skip("", "attention", f"transformers refused attn_implementation: {exc}")
+        model.config = previous
+        return
+    plan.counts["attention"] += n_modules
+
+
+def patch_model(
+    model: nn.Module,
+    *,
+    layer_norm: bool = True,
+    rms_norm: bool = True,
+    linear: bool | str = True,
+    conv1d: bool = True,
+    conv2d: bool = True,
+    attention: bool = True,
+    rope: bool = True,
+    mlp: bool = True,
+    cross_entropy: bool = True,
+) -> dict[str, int]:
+    """Patch a transformers model in place (see the module docstring): returns the counts of
+    :func:`triton_workshop.nn.patch` plus ``conv1d``, ``rope``, ``swiglu``, ``geglu`` and
+    ``cross_entropy``; ``attention`` counts the attention modules now on
+    ``attn_implementation="triton_workshop"``; ``fused["linear_activation"]`` counts the GELUs
+    fused into a Conv1D. ``linear`` as in ``nn.patch``: ``True``/``"fused"`` (default),
+    ``"always"``, ``False``/``"never"``; it also rules GPT-2's Conv1D. Modules left as they were
+    are in the result's ``skipped`` list (and, unless left by the ``linear`` rule, in a
+    :class:`~triton_workshop.nn.patch.PatchWarning`)."""
+    flags = {
+        name: check_flag(value, name)
+        for name, value in (("layer_norm", layer_norm), ("rms_norm", rms_norm),
+                            ("conv1d", conv1d), ("conv2d", conv2d), ("attention", attention),
+                            ("rope", rope), ("mlp", mlp), ("cross_entropy", cross_entropy))
+    }  # fmt: skip
+    policy = linear_policy(linear)
+    register()
+    claim, gelu_into = _conv1d_claim(policy, flags["conv1d"])
+    kinds = [k for k in ("layer_norm", "rms_norm", "conv2d") if flags[k]]
+    if policy != "never":
+        kinds.append("linear")
+    if flags["attention"]:
+        kinds.append("attention")  # torch.nn.MultiheadAttention, where a model has one
+    plan = plan_patch(model, kinds=kinds, extra=claim, linear=policy)
+    for key in EXTRA_COUNT_KEYS:
+        plan.counts.setdefault(key, 0)
+
+    swapped = {id(target): template for target, template, _, _ in plan.swaps}
+    fused_mlps = [
+        mlp for fc_id, mlp in gelu_into.items()
+        if getattr(swapped.get(fc_id), "activation", None) == "gelu"
+    ]  # fmt: skip
+    plan.counts.fused["linear_activation"] += len(fused_mlps)
+
+    changes = []
+    for name, module in model.named_modules():
+        _plan_module(name, module, flags, plan, changes)
+    set_attention = _plan_attention(model, flags, plan, changes)
+    if flags["cross_entropy"] and hasattr(model, "lm_head") and families.patched_kind(model) is None:
+        reason = loss.loss_reason(model)
+        if reason:
+            plan.skip("lm_head", "cross_entropy", reason)
+        else:
+            changes.append(lambda: loss.patch_loss(model))
+            plan.counts["cross_entropy"] += 1
+
+    # Applying: the attention setting first (transformers may refuse it: listed, before the
+    # warning), then nn.patch's swaps, then the per-instance classes (over the swapped classes).
+    if set_attention is not None:
+        set_attention()
+    counts = apply_plan(plan)
+    for mlp_module in fused_mlps:
+        mlp_module.act = nn.Identity()  # c_fc applies it now
+    for change in changes:
+        change()
+    warn_if_interpreted(bool(changes) or counts["attention"] > 0, stacklevel=3)
+    return counts

@@ -1,0 +1,211 @@
+"""The causal-LM loss through :func:`triton_workshop.ops.cross_entropy.linear_cross_entropy`:
+``lm_head`` and the cross-entropy in one op that never writes the (tokens x vocabulary) logits.
+
+The model's own forward still runs (its base model, its ``slice_logits_to_keep``, its extra
+losses such as GPT-OSS's router loss); two per-instance changes reroute the last step only when
+the call has ``labels``:
+
+* ``lm_head`` (a subclass of its own class) hands back its input, the final hidden states,
+  instead of computing the logits, and
+* ``loss_function`` (a property of the model's per-instance class) computes transformers'
+  ``ForCausalLMLoss`` from those hidden states and ``lm_head``'s weight: the same shift of the
+  labels (or the given ``shift_labels``), ``ignore_index``, and ``num_items_in_batch`` (a sum
+  divided by it, else a mean).
+
+The output then carries ``logits=None``. Pass ``return_logits=True`` to the call (or patch with
+``cross_entropy=False``) where the logits are wanted with the loss: that call takes the model's
+own path. The model's own path also runs whenever this one would not be exact: no labels
+(generation), ``logits_to_keep`` set, ``return_dict=False``, a final-logit soft-capping in the
+config (Gemma 2/3: the loss of the capped logits is not the loss of ``lm_head``'s), a loss
+function other than transformers' ``ForCausalLMLoss``.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+
+import torch
+from torch import nn
+
+from .families import give_class, original_class
+
+#: (family, class) of the causal-LM heads whose forward is known to call ``lm_head`` once and pass
+#: its result unchanged to ``loss_function`` (the soft-capping of Gemma 2/3 is checked per call).
+CAUSAL_LM_CLASSES = (
+    ("llama", "LlamaForCausalLM"), ("mistral", "MistralForCausalLM"),
+    ("qwen2", "Qwen2ForCausalLM"), ("qwen3", "Qwen3ForCausalLM"), ("gemma", "GemmaForCausalLM"),
+    ("gemma2", "Gemma2ForCausalLM"), ("gemma3", "Gemma3ForCausalLM"), ("phi3", "Phi3ForCausalLM"),
+    ("gpt_oss", "GptOssForCausalLM"), ("gpt2", "GPT2LMHeadModel"),
+)  # fmt: skip
+
+
+@functools.lru_cache(maxsize=None)
+def _known_forwards() -> frozenset:
+    forwards = set()
+    for family, name in CAUSAL_LM_CLASSES:
+        try:
+            module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+        except ImportError:  # pragma: no cover
+            continue
+        cls = getattr(module, name, None)
+        if cls is not None:
+            forwards.add(cls.forward)
+    return frozenset(forwards)
+
+
+def _causal_lm_loss():
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    return ForCausalLMLoss
+
+
+def loss_reason(model: nn.Module) -> str | None:
+    """Why the loss of ``model`` cannot take the fused path, or None."""
+    if type(model).forward not in _known_forwards():
+        return (f"{type(model).__name__}'s forward is not one known to pass lm_head's output "
+                "unchanged to its loss")  # fmt: skip
+    lm_head = getattr(model, "lm_head", None)
+    if not isinstance(lm_head, nn.Linear) and type(lm_head).__name__ != "Linear":
+        return "lm_head is not a Linear"
+    if has_forward_hooks(lm_head):
+        return "a hook on lm_head would see no logits"
+    if "forward" in vars(lm_head):
+        return "lm_head's forward is replaced on the instance"
+    if getattr(model.config, "final_logit_softcapping", None) is not None:
+        return ("final_logit_softcapping: the loss is that of the capped logits, which "
+                "linear_cross_entropy does not compute; the model's own loss runs")
+    return None
+
+
+def has_forward_hooks(module: nn.Module) -> bool:
+    return bool(module._forward_hooks or module._forward_pre_hooks)
+
+
+class _Capture:
+    """The hidden states lm_head received during one forward with labels."""
+
+    def __init__(self) -> None:
+        self.hidden: list[torch.Tensor] = []
+
+
+def _lm_head_forward(self, input: torch.Tensor) -> torch.Tensor:
+    capture = self.__dict__.get("_triton_workshop_capture")
+    if capture is None:
+        return original_class(self).forward(self, input)
+    capture.hidden.append(input)
+    return input.new_empty((*input.shape[:-1], 0))  # never read: loss_function takes `input`
+
+
+def _fused_loss(lm_head: nn.Module, capture: _Capture):
+    from ...ops.cross_entropy import linear_cross_entropy
+
+    def loss_function(logits, labels, vocab_size: int, num_items_in_batch=None,
+                      ignore_index: int = -100, shift_labels=None, **kwargs):  # fmt: skip
+        if len(capture.hidden) != 1:
+            raise RuntimeError(
+                f"lm_head ran {len(capture.hidden)} times in one forward; the fused loss needs "
+                "one call (patch with cross_entropy=False for this model)"
+            )
+        hidden = capture.hidden[0]
+        if shift_labels is None:
+            labels = nn.functional.pad(labels, (0, 1), value=ignore_index)
+            shift_labels = labels[..., 1:]
+        targets = shift_labels.reshape(-1).to(hidden.device)
+        reduction = "sum" if num_items_in_batch is not None else "mean"
+        loss = linear_cross_entropy(
+            hidden.reshape(-1, hidden.shape[-1]), lm_head.weight, targets, lm_head.bias,
+            ignore_index=ignore_index, reduction=reduction,
+        )  # fmt: skip
+        if reduction == "sum":
+            if torch.is_tensor(num_items_in_batch):
+                num_items_in_batch = num_items_in_batch.to(loss.device)
+            loss = loss / num_items_in_batch
+        return loss
+
+    return loss_function
+
+
+def _wants_fused_loss(model, bound: inspect.BoundArguments) -> bool:
+    args = bound.arguments
+    extra = args.get("kwargs", {})
+    return (
+        args.get("labels") is not None
+        and not _nonzero(args.get("logits_to_keep", 0))
+        and args.get("return_dict", extra.get("return_dict")) is not False
+        and getattr(model.config, "return_dict", True) is not False
+        and getattr(model.config, "final_logit_softcapping", None) is None
+        and _original_loss_function(model) is _causal_lm_loss()
+    )
+
+
+def _nonzero(logits_to_keep) -> bool:
+    if isinstance(logits_to_keep, torch.Tensor):
+        return True
+    return logits_to_keep != 0
+
+
+def _original_loss_function(model):
+    return inspect.getattr_static(original_class(model), "loss_function").__get__(model)
+
+
+@functools.lru_cache(maxsize=None)
+def _signature(cls: type) -> inspect.Signature:
+    return inspect.signature(cls.forward)
+
+
+def _causal_lm_forward(self, *args, return_logits: bool = False, **kwargs):
+    base_forward = original_class(self).forward.__get__(self)
+    if return_logits:
+        return base_forward(*args, **kwargs)
+    try:
+        bound = _signature(original_class(self)).bind(self, *args, **kwargs)
+    except TypeError:  # the model's own forward says what is wrong
+        return base_forward(*args, **kwargs)
+    if not _wants_fused_loss(self, bound):
+        return base_forward(*args, **kwargs)
+    capture = _Capture()
+    lm_head = self.lm_head
+    lm_head.__dict__["_triton_workshop_capture"] = capture
+    self.__dict__["_triton_workshop_loss"] = _fused_loss(lm_head, capture)
+    try:
+        out = base_forward(*args, **kwargs)
+    finally:
+        lm_head.__dict__.pop("_triton_workshop_capture", None)
+        self.__dict__.pop("_triton_workshop_loss", None)
+    return type(out)(**{key: value for key, value in out.items() if key != "logits"})
+
+
+def _loss_function(self):
+    fused = self.__dict__.get("_triton_workshop_loss")
+    return fused if fused is not None else _original_loss_function(self)
+
+
+def _set_loss_function(self, value):
+    inspect.getattr_static(original_class(self), "loss_function").__set__(self, value)
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_for(cls: type):
+    """``_causal_lm_forward`` showing ``cls.forward``'s signature plus ``return_logits``:
+    generate() reads the forward's parameters (it passes position_ids only to a forward that
+    names them, which left-padded batches need)."""
+
+    def forward(self, *args, return_logits: bool = False, **kwargs):
+        return _causal_lm_forward(self, *args, return_logits=return_logits, **kwargs)
+
+    signature = _signature(cls)
+    parameters = list(signature.parameters.values())
+    extra = inspect.Parameter("return_logits", inspect.Parameter.KEYWORD_ONLY, default=False)
+    at = next((i for i, p in enumerate(parameters) if p.kind is p.VAR_KEYWORD), len(parameters))
+    forward.__signature__ = signature.replace(parameters=parameters[:at] + [extra] + parameters[at:])
+    forward.__doc__ = cls.forward.__doc__
+    return forward
+
+
+def patch_loss(model: nn.Module) -> None:
+    """The per-instance classes of the module docstring (checked by :func:`loss_reason`)."""
+    give_class(model.lm_head, "cross_entropy_head", forward=_lm_head_forward)
+    give_class(model, "cross_entropy", forward=_forward_for(type(model)),
+               loss_function=property(_loss_function, _set_loss_function))  # fmt: skip

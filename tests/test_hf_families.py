@@ -1,0 +1,256 @@
+"""``patch_model`` on every family it covers (Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3
+text, Phi-3, GPT-OSS, GPT-2), each from a tiny random config (hidden 64, 2 layers, 4 heads over 2
+KV heads, vocabulary 128, 16 tokens, fp32; nothing downloaded), against the same model untouched:
+
+* what is counted and what is listed as left on torch, per family;
+* logits; the loss with labels (the fused ``linear_cross_entropy`` where the family takes it) and
+  every parameter's gradient; with a sliding window shorter than the sequence where the family
+  has one, so the window reaches the kernel;
+* greedy ``generate()`` on a left-padded batch (attention masks with zeros, a KV cache);
+* no attention call handed to another implementation (a fallback warns: here it fails the test);
+* patching one model leaves another of the same class, built from the same config object, as it
+  was (bit-identical logits).
+
+transformers is optional: without it (or without a family in the installed version) these tests
+are skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import warnings
+
+import pytest
+import torch
+
+import triton_workshop  # noqa: F401  (first: decides interpreter-or-GPU before transformers loads)
+from triton_workshop.nn.patch import InterpreterWarning, PatchWarning
+from triton_workshop.runtime import DEVICE
+
+transformers = pytest.importorskip(
+    "transformers", reason="transformers is not installed (optional: pip install transformers)"
+)
+hf = pytest.importorskip("triton_workshop.integrations.transformers")
+
+pytestmark = pytest.mark.usefixtures("ieee_fp32")
+
+TOL = dict(rtol=1e-4, atol=1e-5)
+VOCAB, SEQ = 128, 16
+COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+              bos_token_id=1, eos_token_id=2, pad_token_id=0, attention_dropout=0.0)  # fmt: skip
+
+#: family -> (config class, model class, config overrides). Sliding windows of 6 (< 16 tokens)
+#: where the family has one.
+FAMILIES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=6)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM",
+              dict(use_sliding_window=True, sliding_window=6, max_window_layers=1)),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=16)),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", dict(head_dim=16)),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(head_dim=16, sliding_window=6)),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(head_dim=16, sliding_window=6)),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(partial_rotary_factor=0.5, sliding_window=6)),
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM",
+                dict(head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=6,
+                     rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel",
+             dict(n_embd=64, n_layer=2, n_head=4, n_positions=64, attn_pdrop=0.0, resid_pdrop=0.0,
+                  embd_pdrop=0.0)),
+}  # fmt: skip
+
+#: family -> the nonzero counts patch_model gives (linear: the default rule leaves plain
+#: Linears on cuBLAS).
+EXPECTED = {
+    "llama": dict(rms_norm=5, rope=2, swiglu=2, attention=2, cross_entropy=1),
+    "mistral": dict(rms_norm=5, rope=2, swiglu=2, attention=2, cross_entropy=1),
+    "qwen2": dict(rms_norm=5, rope=2, swiglu=2, attention=2, cross_entropy=1),
+    "qwen3": dict(rms_norm=9, rope=2, swiglu=2, attention=2, cross_entropy=1),  # q/k norms
+    "gemma": dict(rms_norm=5, rope=2, geglu=2, attention=2, cross_entropy=1),
+    "gemma2": dict(rms_norm=9, rope=2, geglu=2, attention=2),  # soft-capped logits: torch's loss
+    "gemma3": dict(rms_norm=13, rope=2, geglu=2, attention=2, cross_entropy=1),
+    "phi3": dict(rms_norm=5, rope=2, swiglu=2, attention=2, cross_entropy=1),
+    "gpt_oss": dict(rms_norm=5, rope=2, attention=2, cross_entropy=1),  # experts stay
+    "gpt2": dict(layer_norm=5, conv1d=2, attention=2, cross_entropy=1),
+}
+#: family -> {(kind, name)} of what is listed as left on torch for a limitation.
+EXPECTED_SKIPPED = {
+    "gemma2": {("cross_entropy", "lm_head")},
+    "gpt_oss": {("swiglu", "model.layers.0.mlp.experts"), ("swiglu", "model.layers.1.mlp.experts")},
+}
+
+
+def build(family: str, seed: int = 0, config=None):
+    config_name, model_name, overrides = FAMILIES[family]
+    config_cls = getattr(transformers, config_name, None)
+    model_cls = getattr(transformers, model_name, None)
+    if config_cls is None or model_cls is None:
+        pytest.skip(f"transformers {transformers.__version__} has no {model_name}")
+    if config is None:
+        kwargs = dict(COMMON, **overrides)
+        if family == "gpt2":
+            kwargs = dict(overrides, vocab_size=VOCAB, bos_token_id=1, eos_token_id=2,
+                          pad_token_id=0)  # fmt: skip
+        config = config_cls(**kwargs)
+    torch.manual_seed(seed)
+    model = model_cls(config).to(DEVICE)
+    with torch.no_grad():  # non-zero norm weights (Gemma's start at 0, Llama's at 1)
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("sinks"):
+                p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(7)).to(p) * 0.1)
+    return model
+
+
+def tokens(batch=2, length=SEQ, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, VOCAB, (batch, length), generator=g).to(DEVICE)
+
+
+def patched(family):
+    model = build(family)
+    reference = copy.deepcopy(model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        counts = hf.patch_model(model)
+    return model, reference, counts, caught
+
+
+@pytest.fixture
+def no_fallback():
+    """Any attention call handed to another implementation fails the test (it warns)."""
+    hf._warned.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PatchWarning)
+        warnings.simplefilter("ignore", InterpreterWarning)
+        yield
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    calls = []
+    original = hf.attention
+
+    def spy(q, k, v, **kwargs):
+        calls.append((tuple(q.shape), tuple(k.shape), kwargs))
+        return original(q, k, v, **kwargs)
+
+    monkeypatch.setattr(hf, "attention", spy)
+    return calls
+
+
+# ---------------------------------------------------------------------------------------------
+# What is patched, per family.
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("family", FAMILIES)
+def test_counts_and_skipped(family):
+    model, _, counts, caught = patched(family)
+    nonzero = {k: v for k, v in counts.items() if v}
+    assert nonzero == EXPECTED[family]
+    limited = {(s.kind, s.name) for s in counts.skipped if not s.policy}
+    assert limited == EXPECTED_SKIPPED.get(family, set())
+    by_policy = [s for s in counts.skipped if s.policy]
+    assert by_policy and all(s.kind in ("linear", "conv1d") for s in by_policy)
+    # One warning names the limited ones, none the Linears left by the rule.
+    texts = [str(w.message) for w in caught if issubclass(w.category, PatchWarning)
+             and not issubclass(w.category, InterpreterWarning)]  # fmt: skip
+    assert len(texts) == (1 if limited else 0)
+    assert all(name in texts[0] for _, name in limited) if limited else True
+    assert model.config._attn_implementation == "triton_workshop"
+    again = hf.patch_model(model)
+    assert not any(again.values())
+    assert not [s for s in again.skipped if not s.policy] or family in EXPECTED_SKIPPED
+
+
+# ---------------------------------------------------------------------------------------------
+# Parity: logits, loss, gradients (training mode: the fused loss path), generation.
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("family", FAMILIES)
+def test_logits_loss_and_gradients(family, no_fallback, kernel_calls):
+    model, reference, counts, _ = patched(family)
+    model.train(), reference.train()
+    ids = tokens(batch=1)  # one sequence: the interpreter's time grows with the tokens
+    labels = ids.clone()
+    labels[:, :3] = -100  # ignored positions, as a prompt's are
+    out = model(input_ids=ids, labels=labels)
+    ref = reference(input_ids=ids, labels=labels)
+    if counts["cross_entropy"]:
+        assert out.logits is None  # never materialised
+    torch.testing.assert_close(out.loss, ref.loss, **TOL)
+    out.loss.backward()
+    ref.loss.backward()
+    ref_params = dict(reference.named_parameters())
+    for name, p in model.named_parameters():
+        if ref_params[name].grad is None:
+            assert p.grad is None, name
+            continue
+        torch.testing.assert_close(p.grad, ref_params[name].grad, **TOL, msg=name)
+    assert len(kernel_calls) == 2
+    windows = [kw.get("window") for _, _, kw in kernel_calls]
+    has_window = "sliding_window" in FAMILIES[family][2] and family != "gpt2"
+    assert any(windows) == has_window
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ids).logits, reference(input_ids=ids).logits,
+                                   **TOL)  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", FAMILIES)
+def test_generate_a_padded_batch(family, no_fallback, kernel_calls):
+    model, reference, _, _ = patched(family)
+    model.eval(), reference.eval()
+    prompt = tokens(length=6, seed=3)
+    mask = torch.ones_like(prompt)
+    mask[0, :3] = 0  # left padding
+    prompt = prompt.masked_fill(mask == 0, 0)
+    kwargs = dict(attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0,
+                  output_logits=True, return_dict_in_generate=True)  # fmt: skip
+    with torch.no_grad():
+        ours = model.generate(prompt, **kwargs)
+        theirs = reference.generate(prompt, **kwargs)
+    assert_same_greedy_tokens(ours, theirs, prompt.shape[1])
+    assert any(kw.get("key_padding_mask") is not None for _, _, kw in kernel_calls)
+    assert any(q[2] == 1 for q, _, _ in kernel_calls)  # decoding steps on the kernel too
+
+
+def assert_same_greedy_tokens(ours, theirs, prompt_len: int) -> None:
+    """The same tokens, step by step, with the same logits; a step may pick another token only
+    where the reference's two candidates tie to within the logits' tolerance (summation order:
+    a tiny random model often has near-equal logits), and the comparison stops there."""
+    for step, (a, b) in enumerate(zip(ours.logits, theirs.logits)):
+        torch.testing.assert_close(a, b, **TOL, msg=f"step {step}")
+        mine = ours.sequences[:, prompt_len + step]
+        their = theirs.sequences[:, prompt_len + step]
+        if not torch.equal(mine, their):
+            rows = torch.nonzero(mine != their)[:, 0]
+            gap = (b[rows, mine[rows]] - b[rows, their[rows]]).abs()
+            assert float(gap.max()) <= TOL["atol"] + TOL["rtol"] * float(b[rows].abs().max())
+            return
+    assert torch.equal(ours.sequences, theirs.sequences)
+
+
+# ---------------------------------------------------------------------------------------------
+# Per instance: another model is untouched.
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("family", ["llama", "gpt_oss"])
+def test_patching_one_model_leaves_another_unchanged(family):
+    first = build(family, seed=0)
+    second = build(family, seed=1, config=first.config)  # the same config object
+    ids = tokens()
+    with torch.no_grad():
+        before = second(input_ids=ids).logits
+    classes = [type(m) for m in second.modules()]
+    implementation = second.config._attn_implementation
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PatchWarning)
+        hf.patch_model(first)
+    assert first.config is not second.config
+    assert second.config._attn_implementation == implementation
+    assert [type(m) for m in second.modules()] == classes
+    module = importlib.import_module(type(second).__module__)
+    assert module.apply_rotary_pos_emb.__module__ == module.__name__
+    with torch.no_grad():
+        after = second(input_ids=ids, labels=ids)
+    assert torch.equal(after.logits, before)
