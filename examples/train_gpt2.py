@@ -32,7 +32,7 @@ import triton_workshop as tw  # first: decides GPU or interpreter before any ker
 
 import torch
 import torch.nn.functional as F
-from triton_workshop.bench.models import GPT, GPTConfig
+from triton_workshop.bench.models.zoo import GPT, GPTConfig
 
 TINY = {"layers": 2, "heads": 2, "embd": 32, "seq": 16, "batch": 4, "vocab": 64}
 

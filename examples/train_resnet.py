@@ -29,7 +29,7 @@ import triton_workshop as tw  # first: decides GPU or interpreter before any ker
 
 import torch
 import torch.nn.functional as F
-from triton_workshop.bench.models import resnet18
+from triton_workshop.bench.models.zoo import resnet18
 
 # The training loop is train_gpt2.py's: one loop for all the examples.
 _HERE = str(Path(__file__).resolve().parent)

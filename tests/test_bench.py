@@ -17,7 +17,7 @@ import torch
 from triton_workshop import runtime
 from triton_workshop.bench import SPEC_NAMES, SPECS, cli, load_spec, main, report
 from triton_workshop.bench.measure import (
-    Row, evaluate, grad_leaves, measure_case, needs_copy_ceiling, output_gradient,
+    Row, evaluate, grad_leaves, measure_case, needs_copy_ceiling, output_gradient, outputs,
 )
 from triton_workshop.bench.report import CSV_COLUMNS
 from triton_workshop.bench.spec import (
@@ -93,13 +93,19 @@ def test_help_and_list_exit_zero(capsys):
 # --------------------------------------------------------------------------------------------
 def test_registry_lists_the_expected_specs():
     assert SPEC_NAMES == (
-        "elementwise", "image", "softmax", "layer_norm", "matmul", "conv", "attention",
+        "elementwise", "image", "softmax", "layer_norm", "rms_norm", "rope", "glu",
+        "cross_entropy", "linear_cross_entropy", "matmul", "conv", "attention",
     )
     names = {name: [w.name for w in load_spec(name).workloads] for name in SPEC_NAMES}
     assert names["elementwise"] == ["sqrt(a*b+c)", "add"]
     assert names["image"] == ["greyscale", "sepia", "filter2d 3x3", "filter2d 5x5"]
     assert names["softmax"] == ["softmax fwd", "softmax fwd+bwd"]
     assert names["layer_norm"] == ["layer_norm fwd", "layer_norm fwd+bwd"]
+    assert names["rms_norm"] == ["rms_norm fwd", "rms_norm fwd+bwd", "add+rms_norm fwd+bwd"]
+    assert names["rope"] == ["rope fwd", "rope fwd+bwd"]
+    assert names["glu"] == ["swiglu fwd", "swiglu fwd+bwd", "geglu fwd", "geglu fwd+bwd"]
+    assert names["cross_entropy"] == ["cross_entropy fwd", "cross_entropy fwd+bwd"]
+    assert names["linear_cross_entropy"] == ["linear_cross_entropy fwd+bwd"]
     assert names["matmul"] == [
         "matmul", "matmul", "matmul IEEE", "matmul TF32", "matmul+leaky_relu", "matmul+leaky_relu",
         "layer_norm+linear", "layer_norm+linear",
@@ -167,7 +173,8 @@ def test_tiny_inputs_and_peers_match_ours(w: Workload):
         assert all(bool(t.detach().abs().sum() > 0) for t in inputs), "inputs must be random"
         dy = output_gradient(w, inputs)
         got = evaluate(w, ours, inputs, dy)
-        assert len(got) == (1 + len(grad_leaves(inputs)) if w.backward else 1)
+        n_out = len(outputs(w.reference(*inputs)))
+        assert len(got) == (n_out + len(grad_leaves(inputs)) if w.backward else n_out)
         peers = w.candidates(with_compile=False)
         assert list(peers)[:2] == [OURS, w.reference_name]
         for name, fn in peers.items():

@@ -234,3 +234,67 @@ def test_isolated_case_failure_and_timeout_are_reported():
     status, note = bm.run_isolated(tiny_case(_workload(_sleepy_model)), timeout_s=8)
     assert status == "timeout" and "killed" in note
     assert time.perf_counter() - started < 60
+
+
+# ---------------------------------------------------------------------------------------------
+# The LLaMA workloads, and `models` among the suite's names.
+# ---------------------------------------------------------------------------------------------
+def test_llama_workloads_have_the_stated_shapes():
+    big, small = bm.WORKLOADS["llama_train"], bm.WORKLOADS["llama_train_small"]
+    assert big.sizes["full"]["config"] == {
+        "num_hidden_layers": 16, "hidden_size": 2048, "intermediate_size": 8192,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+        "max_position_embeddings": 2048}  # fmt: skip
+    assert (big.sizes["full"]["batch"], big.sizes["full"]["seq"]) == (4, 2048)
+    config = small.sizes["full"]["config"]
+    assert (config["num_hidden_layers"], config["hidden_size"], config["vocab_size"]) == (8, 1024, 32000)
+    assert config["num_attention_heads"] == 16 and config["num_key_value_heads"] == 4
+    assert (small.sizes["full"]["batch"], small.sizes["full"]["seq"]) == (8, 1024)
+    for w in (big, small):
+        assert w.optimizer == "adamw_fused" and w.liger is not None and w.liger_process_wide
+        assert w.tokens(w.sizes["full"]) == w.sizes["full"]["batch"] * w.sizes["full"]["seq"]
+    with torch.device("meta"):
+        model = bm.llama(big.sizes["full"]["config"])
+    assert 1.45e9 < sum(p.numel() for p in model.parameters()) < 1.55e9
+
+
+def test_llama_tiny_run_reports_tokens_and_keeps_liger_out_of_this_process(tmp_path):
+    """torch eager at the tiny size, in this process: a loss, tokens/s; Liger-Kernel's LLaMA patch
+    holds for the whole process, so inline it is refused (its cases run in processes of their own)."""
+    console = Console(file=io.StringIO(), width=220)
+    rows = bm.run_models(quick=True, out=tmp_path, console=console, device="cpu", size="tiny",
+                         amp=False, isolate=False, models=["llama_train"],
+                         candidates=[bm.LIGER_COMPILED, bm.TORCH_EAGER, bm.LIGER])
+    eager, liger, liger_compiled = rows
+    assert (eager.candidate, liger.candidate, liger_compiled.candidate) == (
+        bm.TORCH_EAGER, bm.LIGER, bm.LIGER_COMPILED)
+    assert eager.status == "ok" and all(map(math.isfinite, eager.losses)), eager.note
+    tiny = bm.WORKLOADS["llama_train"].sizes["tiny"]
+    assert eager.tokens_per_s == pytest.approx(tiny["batch"] * tiny["seq"] / (eager.ms_per_step / 1e3))
+    for r in (liger, liger_compiled):
+        assert r.status == "n/a" and "whole process" in r.note
+    assert "tokens/s" in console.file.getvalue()
+
+
+@pytest.mark.slow
+def test_llama_tiny_patched_matches_torch(tmp_path):
+    """triton-workshop's LLaMA (patch_model) against torch eager: the same losses in fp32."""
+    rows = bm.run_models(quick=True, out=tmp_path, console=Console(file=io.StringIO()),
+                         device=str(DEVICE), size="tiny", amp=False, isolate=False,
+                         models=["llama_train_small"], candidates=[bm.TORCH_EAGER, bm.OURS])
+    assert [r.status for r in rows] == ["ok", "ok"], [r.note for r in rows]
+    assert rows[1].loss_diff < 1e-4, [r.losses for r in rows]
+
+
+def test_models_is_listed_with_the_suite(capsys):
+    from triton_workshop.bench import main
+
+    assert main(["--help"]) == 0
+    assert "models" in capsys.readouterr().out
+    assert main(["--list"]) == 0
+    listed = capsys.readouterr().out
+    assert "models:" in listed and "llama_train" in listed and "llama_train_small" in listed
+    assert main(["nope"]) == 2
+    assert "valid names:" in (err := capsys.readouterr().err) and err.rstrip().endswith("models")
+    assert main(["softmax", "models"]) == 2
+    assert "runs on its own" in capsys.readouterr().err

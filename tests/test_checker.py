@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from triton_workshop.teach import EXERCISES, check_exercise, check_module, load_module
-from triton_workshop.teach.checker import Tolerance, diagnose, unfinished_todos
+from triton_workshop.teach.diagnose import diagnose
+from triton_workshop.teach.learner_file import unfinished_todos
+from triton_workshop.teach.verdict import Tolerance
 
 ROOT = Path(__file__).resolve().parents[1]
 

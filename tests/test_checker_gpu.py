@@ -33,10 +33,11 @@ import pytest
 import torch
 
 import triton_workshop.teach as teach
+from triton_workshop.teach import session
 from triton_workshop import runtime
 from triton_workshop.teach import EXERCISES, check_module, load_module
 from triton_workshop.teach import progress as progress_module
-from triton_workshop.teach.checker import Verdict
+from triton_workshop.teach.verdict import Verdict
 from triton_workshop.teach.picture import OUT_OF_BOUNDS
 from triton_workshop.teach.sandbox import merge, rerun_only
 
@@ -181,7 +182,7 @@ def compiled_first(module, path: Path, **options):
 def gpu_machine(monkeypatch):
     """The checker takes its GPU path: cases checked in this process without bounds checks, and
     again in an interpreter child, bounds-checked."""
-    monkeypatch.setattr(teach, "compiled_natively", lambda: True)
+    monkeypatch.setattr(session, "compiled_natively", lambda: True)
 
 
 def planted(tmp_path, number, old, new, name=None):
@@ -299,8 +300,8 @@ def test_workshop_check_on_a_gpu_checks_a_printing_kernel_in_the_interpreter(tmp
 
     path = planted(tmp_path, 1, *PRINTS)
     path.write_text(path.read_text() + REFUSED_WHEN_COMPILED)
-    real_env = sandbox._child_env
-    monkeypatch.setattr(sandbox, "_child_env", lambda interpret: dict(
+    real_env = sandbox.child_env
+    monkeypatch.setattr(sandbox, "child_env", lambda interpret: dict(
         real_env(interpret), **({} if interpret else {"WORKSHOP_TEST_COMPILED": "1"})))
     stream = io.StringIO()
     code = teach.check_exercise(1, path=path, seed=0, console=Console(file=stream, width=300),
@@ -347,7 +348,7 @@ def test_the_reruns_output_goes_where_stdout_was_when_it_started(tmp_path, capfd
 
 
 def test_merge_takes_the_interpreter_verdict_when_the_kernel_cannot_compile():
-    from triton_workshop.teach.checker import interpreter_only_verdict
+    from triton_workshop.teach.errors import interpreter_only_verdict
 
     native = interpreter_only_verdict("breakpoint_if", "exercise_2.py")
     wrong = Verdict(False, "3 of 10 elements wrong", ["first wrong elements: ..."])
@@ -356,7 +357,7 @@ def test_merge_takes_the_interpreter_verdict_when_the_kernel_cannot_compile():
     assert merged.details[0].startswith("note: the kernel calls breakpoint_if")
     assert merge(native, None) is native  # no rerun: the native verdict stands
     # Cases only the interpreter ran count only for such a kernel.
-    from triton_workshop.teach.checker import CaseResult
+    from triton_workshop.teach.verdict import CaseResult
 
     checked = {"0:0": ("add", CaseResult("n=97", Verdict(True, "correct"), 0.1)),
                "0:strided": ("add", CaseResult("n=97, non-contiguous inputs", Verdict(True, "correct"), 0.1))}
@@ -399,10 +400,10 @@ def test_check_module_and_workshop_check_rerun_only_on_a_gpu_machine(monkeypatch
                         lambda *a, **k: isolated.append(k["rerun_in_interpreter"]) or 0)
     path = ROOT / "solutions" / "solution_1.py"
     module = load_module(path, "_gpu_decides")
-    monkeypatch.setattr(teach, "compiled_natively", lambda: False)
+    monkeypatch.setattr(session, "compiled_natively", lambda: False)
     assert all(c.verdict.passed for _, c in cases(check_module(EXERCISES[1], module, seed=0)))
     teach.check_exercise(1, path=path, seed=0)
-    monkeypatch.setattr(teach, "compiled_natively", lambda: True)
+    monkeypatch.setattr(session, "compiled_natively", lambda: True)
     with pytest.raises(RuntimeError, match="no child today"):
         check_module(EXERCISES[1], module, seed=3)
     teach.check_exercise(1, path=path, seed=0)
@@ -468,19 +469,19 @@ def test_an_fp16_accumulator_on_a_newer_triton(tmp_path, gpu_machine):
     assert list(failed) == ["40x1100 @ 1100x36 float16"]
     assert "rounded to float16 along the way" in failed["40x1100 @ 1100x36 float16"]
     # The interpreter has no bfloat16 case (its bf16 tl.dot is wrong): launched directly.
-    from triton_workshop.teach.checker import _verdict_for_exception
+    from triton_workshop.teach.errors import verdict_for_exception
 
     a, b = torch.randn(77, 90, dtype=torch.bfloat16), torch.randn(90, 130, dtype=torch.bfloat16)
     with pytest.raises(Exception) as raised:
         module.matmul(a, b)
-    verdict = _verdict_for_exception(raised.value, str(path))
+    verdict = verdict_for_exception(raised.value, str(path))
     bf16 = flat("\n".join([verdict.headline, *verdict.details]))
     assert f"raised CompilationError at line {_dot_line(path)}" in bf16
     assert "out_dtype=bfloat16 is unsupported" in bf16 and "is not float32" in bf16
 
 
 def test_the_accumulator_advice_reads_the_message_or_the_source(tmp_path):
-    from triton_workshop.teach.checker import _verdict_for_exception
+    from triton_workshop.teach.errors import verdict_for_exception
 
     path = planted(tmp_path, 4, *FP16_ACC)
     lines = path.read_text().splitlines()
@@ -490,7 +491,7 @@ def test_the_accumulator_advice_reads_the_message_or_the_source(tmp_path):
     compile_error = type("CompilationError", (Exception,), {})
 
     bare = compile_error(f"at {line - start}:14:\n{excerpt}\n              ^\n")
-    verdict = _verdict_for_exception(bare, str(path))
+    verdict = verdict_for_exception(bare, str(path))
     assert verdict.headline.startswith(f"raised CompilationError at line {line}")
     assert "dtype is c_ptr.dtype.element_ty" in verdict.details[1]
     # A float32 accumulator: a compile error there is something else.
@@ -498,8 +499,8 @@ def test_the_accumulator_advice_reads_the_message_or_the_source(tmp_path):
     fine.write_text((ROOT / "solutions" / "solution_4.py").read_text())
     other = compile_error(f"at {line - start}:14:\n{excerpt.replace(FP16_ACC[1], FP16_ACC[0])}\n"
                           "              ^\nInput shapes should have M >= 16")
-    assert not any("accumulator" in d for d in _verdict_for_exception(other, str(fine)).details)
+    assert not any("accumulator" in d for d in verdict_for_exception(other, str(fine)).details)
     # A message that names the accumulator's dtype is enough.
     stated = compile_error(f"at {line - start}:14:\n{excerpt.replace(FP16_ACC[1], FP16_ACC[0])}\n"
                            "              ^\nexpected accumulator dtype fp32, got fp16; pass out_dtype=fp16")
-    assert any("its dtype is fp16" in d for d in _verdict_for_exception(stated, str(fine)).details)
+    assert any("its dtype is fp16" in d for d in verdict_for_exception(stated, str(fine)).details)

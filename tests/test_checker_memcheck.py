@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 from triton_workshop import runtime
 from triton_workshop.teach import memcheck
-from triton_workshop.teach.checker import GUARD, guarded_copy, guarded_empty, poisoned_allocations
+from triton_workshop.teach.poison import GUARD, guarded_copy, guarded_empty, poisoned_allocations
 
 interpreter_only = pytest.mark.skipif(not runtime.INTERPRET, reason="the hooks wrap Triton's interpreter")
 

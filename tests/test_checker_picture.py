@@ -14,7 +14,7 @@ from rich.console import Console
 
 from triton_workshop import cli, runtime
 from triton_workshop.teach import EXERCISES, check_module, load_module
-from triton_workshop.teach.checker import Geometry, Tolerance
+from triton_workshop.teach.verdict import Geometry, Tolerance
 from triton_workshop.teach.picture import (OK, OUT_OF_BOUNDS, UNWRITTEN, WRONG, build_picture, render,
                                            save_png)
 

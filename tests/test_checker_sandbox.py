@@ -190,7 +190,7 @@ def test_a_gpu_compile_error_is_placed_on_the_kernel_line(tmp_path):
     """Triton's CompilationError (what a GPU gives for a kernel that does not compile) quotes the
     kernel's source above a caret: the verdict names that line of the learner's file, in the
     right kernel when two kernels share the line."""
-    from triton_workshop.teach.checker import _verdict_for_exception
+    from triton_workshop.teach.errors import verdict_for_exception
 
     source = (ROOT / "solutions" / "solution_2.py").read_text()
     learner = tmp_path / "exercise_2.py"
@@ -205,14 +205,14 @@ def test_a_gpu_compile_error_is_placed_on_the_kernel_line(tmp_path):
 
     exc = CompilationError(f"at {culprit - sepia_start + 1}:4:\n{excerpt}\n    ^\n"
                            f"{CompilationError.error_message}")
-    verdict = _verdict_for_exception(exc, str(learner))
+    verdict = verdict_for_exception(exc, str(learner))
     assert verdict.headline == (f"raised CompilationError at line {culprit + 1}: "
                                 "cols = pid_1 * BLOCK_W + tl.arange(0, BLOCK_W)")
     assert "incompatible dimensions" in verdict.details[0]
 
 
 def test_merge_adds_what_only_the_rerun_knows():
-    from triton_workshop.teach.checker import Verdict
+    from triton_workshop.teach.verdict import Verdict
     from triton_workshop.teach.sandbox import merge
 
     native = Verdict(False, "6 of 15 elements wrong (6 never written)",

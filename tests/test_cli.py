@@ -105,3 +105,61 @@ def test_module_entry_point():
     proc = subprocess.run([sys.executable, "-m", "triton_workshop.cli", "list"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "Tiled matrix multiplication" in proc.stdout
+
+
+# ----------------------------------------------------------------------------------------------
+# Without the [workshop] extra (pillow, rich, matplotlib): one sentence, not a traceback.
+# ----------------------------------------------------------------------------------------------
+def _missing(name):
+    def command():
+        raise ModuleNotFoundError(f"No module named '{name}'", name=name)
+    return command
+
+
+@pytest.mark.parametrize("module, package", [("rich", "rich"), ("PIL", "pillow"),
+                                             ("matplotlib.pyplot", "matplotlib")])
+def test_a_workshop_command_without_the_extra_names_the_install(module, package, capsys):
+    assert cli.run_workshop_command(_missing(module)) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == (f"This command needs the workshop's dependencies ({package} is not "
+                           "installed): pip install 'triton-workshop[workshop]'")
+
+
+def test_other_import_errors_are_not_hidden():
+    with pytest.raises(ModuleNotFoundError, match="transformers"):
+        cli.run_workshop_command(_missing("transformers"))
+    assert cli.missing_workshop_package(ValueError("rich")) is None
+
+
+def test_a_command_whose_import_fails_on_rich_says_so(monkeypatch, capsys):
+    """The whole path: ``workshop list`` importing teach/ with rich absent (a fresh import)."""
+    for name in [m for m in sys.modules if m.startswith("triton_workshop.teach")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "rich", None)
+    monkeypatch.setitem(sys.modules, "rich.console", None)
+    assert cli.main(["list"]) == 2
+    assert "pip install 'triton-workshop[workshop]'" in capsys.readouterr().err
+
+
+def test_setup_check_prints_without_rich(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "rich.console", None)  # `from rich.console import ...` fails
+    assert cli.main(["setup-check"]) == 0
+    out = capsys.readouterr().out
+    assert "✅ a tiny Triton kernel" in out
+    assert out.strip().splitlines()[-1].startswith("Ready") and "[bold" not in out
+
+
+def test_console_scripts_resolve():
+    """Every script in pyproject.toml names a callable; the README's names are all there."""
+    import importlib
+    import re
+
+    block = (ROOT / "pyproject.toml").read_text().split("[project.scripts]", 1)[1].split("\n[", 1)[0]
+    scripts = dict(re.findall(r'^([\w-]+) = "([\w.:]+)"', block, re.M))
+    expected = {"workshop", "triton-workshop", "setup-check",
+                *(f"{kind}_{n}" for kind in ("exercise", "solution") for n in range(1, 9))}
+    assert expected <= set(scripts), expected - set(scripts)
+    for name, target in scripts.items():
+        module, attr = target.split(":")
+        assert callable(getattr(importlib.import_module(module), attr)), name
+    assert scripts["triton-workshop"] == scripts["workshop"]

@@ -1,4 +1,4 @@
-"""The launch caches from several threads at once (issue 21 item 5).
+"""The launch caches from several threads at once.
 
 A training loop's backward runs on autograd's device thread while the main thread enqueues the
 next forward, and data loaders or servers call ops from thread pools. So :class:`FastLaunch`'s

@@ -10,8 +10,8 @@ import torch
 
 from triton_workshop import cli, runtime
 from triton_workshop.teach import EXERCISES, check_exercise, check_module, load_module
-from triton_workshop.teach.checker import tolerance_for
-from triton_workshop.teach.part_two import (
+from triton_workshop.teach.verdict import tolerance_for
+from triton_workshop.teach.exercises.part_two import (
     ATTENTION_BLOCK_M,
     ATTENTION_BLOCK_N,
     ATTENTION_HEAD_DIM_MAX,
@@ -114,7 +114,7 @@ def test_untouched_template_fails_with_guidance(number, capsys):
 @pytest.mark.parametrize("number", NUMBERS)
 def test_template_and_solution_differ_only_in_the_todos(number):
     """Every TODO of the template is answered by the solution, numbered 1..n in file order."""
-    from triton_workshop.teach.checker import unfinished_todos
+    from triton_workshop.teach.learner_file import unfinished_todos
 
     todos = unfinished_todos(ROOT / "exercises" / f"exercise_{number}.py")
     assert [t[0] for t in todos] == list(range(1, len(todos) + 1))

@@ -192,7 +192,8 @@ def test_tf32_advice_only_where_tl_dot_can_cause_it():
     """A result off by a little in an exercise without tl.dot never gets TF32 advice."""
     import torch
 
-    from triton_workshop.teach.checker import Tolerance, diagnose
+    from triton_workshop.teach.diagnose import diagnose
+    from triton_workshop.teach.verdict import Tolerance
 
     ref = torch.rand(40, 40) + 0.5
     out = ref * (1 + 3e-3)

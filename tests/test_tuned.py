@@ -192,6 +192,10 @@ def test_tune_cases_and_refusal_without_a_gpu(capsys):
     if runtime.INTERPRET:
         assert tune.main(["--quick"]) == 2
         assert "needs a CUDA GPU" in capsys.readouterr().err
+        from triton_workshop import cli
+
+        assert cli.main(["tune", "--quick"]) == 2  # the same through `workshop tune`
+        assert "needs a CUDA GPU" in capsys.readouterr().err
 
 
 def test_run_cases_reports_failures_and_goes_on():

@@ -22,7 +22,7 @@ from .ops.rope import rope
 from .ops.softmax import softmax
 from . import nn
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "DEVICE",

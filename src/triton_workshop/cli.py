@@ -1,22 +1,71 @@
-"""Command line: ``workshop check|progress|profile|tour|filter|bench|list|setup-check`` and
-``setup-check``.
+"""Command line: ``workshop check|progress|profile|tour|filter|bench|tune|list|setup-check`` (also
+installed as ``triton-workshop``), the ``exercise_N``/``solution_N`` scripts, and ``setup-check``
+(the same as ``workshop setup-check``).
 
-Parses arguments, calls into teach/ or bench/, prints. No kernels live here.
+Parses arguments, calls into teach/ or bench/, prints. No kernels live here. The library needs
+torch, Triton and NumPy only; the workshop's commands also need pillow, rich and matplotlib (the
+``[workshop]`` extra), and say so in one sentence when they are missing. ``setup-check`` runs
+without them.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.util
 import platform
+import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
-from rich.console import Console
+if TYPE_CHECKING:
+    from rich.console import Console
 
 MIN_PYTHON = (3, 10)
 MIN_TORCH = (2, 11)
 MIN_TRITON = (3, 6)
+
+#: The install command of the workshop's dependencies, named wherever one is missing.
+WORKSHOP_INSTALL = "pip install 'triton-workshop[workshop]'"
+#: The modules of the ``[workshop]`` extra and the package each comes from.
+WORKSHOP_MODULES = {"PIL": "pillow", "rich": "rich", "matplotlib": "matplotlib"}
+
+
+def missing_workshop_package(exc: BaseException) -> str | None:
+    """The ``[workshop]`` package whose absence raised ``exc`` (None for any other error)."""
+    if not isinstance(exc, ImportError):
+        return None
+    return WORKSHOP_MODULES.get((exc.name or "").split(".")[0])
+
+
+def run_workshop_command(command: Callable[[], int]) -> int:
+    """Run a workshop command; without the ``[workshop]`` extra, one sentence and exit status 2
+    instead of an ImportError's traceback."""
+    try:
+        return command()
+    except ImportError as exc:
+        package = missing_workshop_package(exc)
+        if package is None:
+            raise
+        print(f"This command needs the workshop's dependencies ({package} is not installed): "
+              f"{WORKSHOP_INSTALL}", file=sys.stderr)
+        return 2
+
+
+class _PlainConsole:
+    """What setup-check prints through when rich is not installed: the text, markup removed."""
+
+    def print(self, text: str, *, highlight: bool = True, markup: bool = True) -> None:
+        print(re.sub(r"\[/?[a-z ]+\]", "", text) if markup else text)
+
+
+def _console():
+    try:
+        from rich.console import Console
+    except ImportError:
+        return _PlainConsole()
+    return Console()
 
 
 def _version_tuple(v: str) -> tuple[int, ...]:
@@ -34,7 +83,7 @@ def _version_tuple(v: str) -> tuple[int, ...]:
 # ----------------------------------------------------------------------------------------------
 def setup_check(console: Console | None = None) -> int:
     """One line per requirement with ✅/❌, optional pieces after, then a verdict."""
-    console = console or Console()
+    console = console or _console()
     lines: list[tuple[bool, str, bool]] = []  # (ok, text, required)
 
     def line(ok: bool, text: str, required: bool = True):
@@ -77,25 +126,36 @@ def setup_check(console: Console | None = None) -> int:
     except Exception as exc:
         line(False, f"a tiny Triton kernel failed: {type(exc).__name__}: {str(exc)[:200]}")
 
-    for module, why in (("numpy", "arrays"), ("PIL", "images (pillow)"), ("rich", "tables"),
-                        ("matplotlib", "benchmark plots")):
+    ok = importlib.util.find_spec("numpy") is not None
+    line(ok, f"numpy: {'installed' if ok else 'missing (pip install numpy)'} (arrays)")
+    for module, why in (("PIL", "images"), ("rich", "tables"), ("matplotlib", "plots")):
         ok = importlib.util.find_spec(module) is not None
-        line(ok, f"{module}: {'installed' if ok else 'missing (pip install -e .)'} ({why})")
+        line(ok, f"{WORKSHOP_MODULES[module]}: "
+                 f"{'installed' if ok else f'missing ({WORKSHOP_INSTALL})'} (for the workshop: {why})")
     for module, why in (("pytest", "tests: pip install -e '.[dev]'"),
                         ("hypothesis", "property tests: pip install -e '.[dev]'"),
+                        ("transformers", "the Hugging Face integration: "
+                                         "pip install 'triton-workshop[transformers]'"),
                         ("liger_kernel", "a benchmark peer: pip install liger-kernel")):
         ok = importlib.util.find_spec(module) is not None
         line(ok, f"{module}: {'installed' if ok else 'missing'} (optional: {why})", required=False)
     return _verdict(console, lines)
 
 
-def _verdict(console: Console, lines) -> int:
+def _verdict(console, lines) -> int:
     ready = all(ok for ok, _, required in lines if required)
     missing = [text for ok, text, required in lines if not ok and not required]
     if ready:
         extra = f" ({len(missing)} optional piece(s) missing)" if missing else ""
         console.print(f"[bold green]Ready[/bold green]{extra}.")
         return 0
+    workshop_only = all(ok or not required or "for the workshop" in text
+                        for ok, text, required in lines)
+    if workshop_only:  # the library works; the exercises, images and plots do not yet
+        console.print("[bold red]Not ready[/bold red] for the workshop (the library is ready); "
+                      "its dependencies install with:")
+        console.print(WORKSHOP_INSTALL, highlight=False, markup=False)
+        return 1
     console.print("[bold red]Not ready[/bold red]: fix the ❌ lines above.")
     return 1
 
@@ -108,6 +168,8 @@ def setup_check_main() -> int:
 # workshop ...
 # ----------------------------------------------------------------------------------------------
 def _cmd_check(args) -> int:
+    from rich.console import Console
+
     from .teach import EXERCISES, check_exercise
 
     console = Console()
@@ -183,13 +245,17 @@ def _cmd_bench(args) -> int:
     try:
         from . import bench
     except ImportError as exc:
+        if missing_workshop_package(exc):
+            raise  # run_workshop_command names the extra
         print(f"benchmarks unavailable: {exc}", file=sys.stderr)
         return 2
     return bench.main(args.rest)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="workshop", description="The Triton workshop.")
+    parser = argparse.ArgumentParser(
+        prog="workshop", description="The Triton workshop: exercises, checker, tour, images and "
+        "benchmarks (also installed as `triton-workshop`).")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("check", help="check an exercise (or its solution) and explain what is wrong")
@@ -239,9 +305,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(func=_cmd_bench)
 
+    p = sub.add_parser("tune", help="(GPU) tune the autotuned kernels here and keep the winners as "
+                                    "a table later runs read first: workshop tune [--quick]",
+                       add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=_cmd_tune)
+
     p = sub.add_parser("setup-check", help="is this machine ready for the workshop?")
     p.set_defaults(func=lambda args: setup_check())
     return parser
+
+
+def _cmd_tune(args) -> int:
+    from . import tune  # the library alone: no workshop extra needed
+
+    return tune.main(args.rest)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -249,9 +327,39 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["bench"]:  # bench parses its own options (--quick, names, --out)
         from types import SimpleNamespace
 
-        return _cmd_bench(SimpleNamespace(rest=argv[1:]))
+        return run_workshop_command(lambda: _cmd_bench(SimpleNamespace(rest=argv[1:])))
+    if argv[:1] == ["tune"]:  # likewise tune (--quick, --out, -k)
+        from types import SimpleNamespace
+
+        return _cmd_tune(SimpleNamespace(rest=argv[1:]))
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    return run_workshop_command(lambda: args.func(args))
+
+
+# ----------------------------------------------------------------------------------------------
+# exercise_N / solution_N console scripts: teach.scripts, behind the [workshop] check
+# ----------------------------------------------------------------------------------------------
+def _teach_script(name: str) -> int:
+    return run_workshop_command(
+        lambda: getattr(importlib.import_module("triton_workshop.teach.scripts"), name)())
+
+
+def exercise_1() -> int: return _teach_script("exercise_1")  # noqa: E704
+def exercise_2() -> int: return _teach_script("exercise_2")  # noqa: E704
+def exercise_3() -> int: return _teach_script("exercise_3")  # noqa: E704
+def exercise_4() -> int: return _teach_script("exercise_4")  # noqa: E704
+def exercise_5() -> int: return _teach_script("exercise_5")  # noqa: E704
+def exercise_6() -> int: return _teach_script("exercise_6")  # noqa: E704
+def exercise_7() -> int: return _teach_script("exercise_7")  # noqa: E704
+def exercise_8() -> int: return _teach_script("exercise_8")  # noqa: E704
+def solution_1() -> int: return _teach_script("solution_1")  # noqa: E704
+def solution_2() -> int: return _teach_script("solution_2")  # noqa: E704
+def solution_3() -> int: return _teach_script("solution_3")  # noqa: E704
+def solution_4() -> int: return _teach_script("solution_4")  # noqa: E704
+def solution_5() -> int: return _teach_script("solution_5")  # noqa: E704
+def solution_6() -> int: return _teach_script("solution_6")  # noqa: E704
+def solution_7() -> int: return _teach_script("solution_7")  # noqa: E704
+def solution_8() -> int: return _teach_script("solution_8")  # noqa: E704
 
 
 if __name__ == "__main__":

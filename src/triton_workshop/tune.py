@@ -132,7 +132,10 @@ def default_out(arch: str) -> Path:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="workshop tune", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="workshop tune",
+        description="Tune the autotuned kernels on this GPU and keep the winners as a table that "
+                    "later runs read before tuning (their first step then launches at once).")
     p.add_argument("--quick", action="store_true", help="the GPT-2 and Llama sizes only")
     p.add_argument("--dtypes", default="bfloat16,float16",
                    help="comma-separated dtypes to tune (default: %(default)s)")

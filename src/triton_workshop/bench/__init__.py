@@ -7,7 +7,12 @@ products) in the same run. One file per job:
 * :mod:`.spec`: what is measured (:class:`Workload`, :class:`Spec`, units, tolerances);
 * :mod:`.measure`: correctness first, then the timing of every candidate (:func:`measure_case`);
 * :mod:`.report`: rich tables, ``results.csv``, one PNG per spec, ``meta.json``;
-* :mod:`.cli`: the command line and the suite (:data:`SPECS`, :func:`run_suite`).
+* :mod:`.suite`: the suite (:data:`SPECS`, the names that pick specs);
+* :mod:`.cli`: the command line and the run (:func:`run_suite`);
+* :mod:`.results` and :mod:`.tables`: the results file and the README's and slides' tables made
+  from it;
+* :mod:`.models`: whole models (``workshop bench models``), measured by the same timer and
+  written by the same writers; the model definitions the examples use (:mod:`.models.zoo`).
 
 One spec module per family says what to measure, with the op it benchmarks imported from
 ``triton_workshop.ops``: :mod:`.elementwise`, :mod:`.image`, :mod:`.softmax`, :mod:`.layer_norm`,
@@ -15,9 +20,10 @@ One spec module per family says what to measure, with the op it benchmarks impor
 ``python -m triton_workshop.bench`` is the same command.
 """
 
-from .cli import SPEC_NAMES, SPECS, load_spec, main, run_suite
+from .cli import main, run_suite
 from .measure import measure_case
 from .spec import Spec, Workload
+from .suite import SPEC_NAMES, SPECS, load_spec
 
 __all__ = ["SPECS", "SPEC_NAMES", "Spec", "Workload", "load_spec", "main", "measure_case",
            "run_suite"]

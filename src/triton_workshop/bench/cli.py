@@ -1,7 +1,7 @@
 """``workshop bench [NAME ...] [--quick] [--out DIR] [-k TEXT] [--list] [--update-results]``: the
-suite's command line.
+suite's command line (``workshop bench models ...``: :mod:`.models`, its own options).
 
-Parses the arguments, picks the specs, refuses without a CUDA GPU (in Triton's interpreter kernels
+Parses the arguments, picks the specs (:mod:`.suite`), refuses without a CUDA GPU (in Triton's interpreter kernels
 run as Python on the CPU and timings mean nothing: exit code 2), then runs the suite: every case
 measured by :mod:`.measure`, each spec's table, plot and the CSV written by :mod:`.report` as soon
 as the spec is done, so a cut-off run keeps what it measured.
@@ -20,52 +20,19 @@ from typing import Any, Sequence
 
 import torch
 
-from .. import runtime
-from . import attention, conv, elementwise, image, layer_norm, matmul, softmax
 from .measure import (
-    TIMING_FULL, TIMING_QUICK, Row, Timer, measure_case, measure_copy_ceiling, needs_copy_ceiling,
+    TIMING_FULL, TIMING_QUICK, Row, Timer, gpu_unavailable_reason, measure_case,
+    measure_copy_ceiling, needs_copy_ceiling,
 )
 from .report import (
     case_line, problems, render_text, spec_table, summary_rows, summary_table, write_csv,
     write_meta, write_plot,
 )
 from .spec import Size, Spec, Workload, dtype_name
+from .suite import MODELS, SPEC_NAMES, SPECS, load_spec, resolve_names
 
-#: The suite, in the order it runs; ``workshop bench NAME`` picks specs by ``Spec.name``. Another
-#: spec module (whole-model training steps, say) joins the suite by adding its ``SPEC`` here.
-SPECS: tuple[Spec, ...] = (
-    elementwise.SPEC, image.SPEC, softmax.SPEC, layer_norm.SPEC, matmul.SPEC, conv.SPEC,
-    attention.SPEC,
-)
-SPEC_NAMES = tuple(spec.name for spec in SPECS)
-
-
-def load_spec(name: str) -> Spec:
-    """The suite's spec called ``name`` (KeyError if there is none)."""
-    return {spec.name: spec for spec in SPECS}[name]
-
-
-def resolve_names(names: Sequence[str]) -> list[str]:
-    """Spec names as typed (``layer-norm`` = ``layer_norm``), in suite order; all when none."""
-    if not names:
-        return list(SPEC_NAMES)
-    wanted = [n.strip().lower().replace("-", "_") for n in names]
-    unknown = [n for n, w in zip(names, wanted) if w not in SPEC_NAMES]
-    if unknown:
-        raise ValueError(
-            f"unknown benchmark {', '.join(map(repr, unknown))}; valid names: {', '.join(SPEC_NAMES)}"
-        )
-    return [n for n in SPEC_NAMES if n in wanted]
-
-
-def gpu_unavailable_reason() -> str | None:
-    """Why this process cannot benchmark, or None when it can."""
-    if runtime.INTERPRET:
-        return f"kernels run in Triton's interpreter here ({runtime.INTERPRET_REASON})"
-    if not torch.cuda.is_available():
-        return "no CUDA device found"
-    return None
-
+__all__ = ["SPECS", "SPEC_NAMES", "case_matches", "list_specs", "load_spec", "main",
+           "resolve_names", "run_suite"]
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -76,7 +43,9 @@ def _parser() -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument("names", nargs="*", metavar="NAME",
-                        help=f"benchmarks to run (default: all): {', '.join(SPEC_NAMES)}")
+                        help=f"benchmarks to run (default: all): {', '.join(SPEC_NAMES)}; or "
+                             f"'{MODELS}' alone: whole models, its own options (workshop bench "
+                             f"{MODELS} --help)")
     parser.add_argument("--quick", action="store_true",
                         help="one mid size per workload and shorter timing (about 2 minutes)")
     parser.add_argument("--out", default="bench-results", type=Path,
@@ -94,7 +63,8 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def list_specs(names: Sequence[str], console) -> None:
+def list_specs(names: Sequence[str], console, *, models: bool = True) -> None:
+    """Each spec's workloads and sizes; then (``models``) the whole models."""
     for name in names:
         spec = load_spec(name)
         console.print(f"[bold]{name}[/]: {spec.title}")
@@ -103,6 +73,13 @@ def list_specs(names: Sequence[str], console) -> None:
             quick = ", ".join(w.label(s) for s in w.quick)
             console.print(f"  {w.name} ({dtype_name(w.dtype)}, {w.unit}): {sizes}  [dim]quick: {quick}[/]")
             console.print(f"    [dim]{w.work_formula}[/]")
+    if models:
+        from .models import list_models
+
+        console.print(f"[bold]{MODELS}[/]: whole models, run on their own "
+                      f"(workshop bench {MODELS} [--quick] [--models a,b])")
+        for line in list_models():
+            console.print(f"  {line}", markup=False)
 
 
 def _console():
@@ -117,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     ...`` (whole training and inference steps, their own options: bench/models.py); returns the
     exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["models"]:
+    if argv[:1] == [MODELS]:
         from .models import main as models_main
 
         return models_main(argv[1:])
@@ -133,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     console = _console()
     if args.list:
-        list_specs(names, console)
+        list_specs(names, console, models=not args.names)
         return 0
     if args.update_results:
         from . import tables

@@ -11,19 +11,32 @@
   shape and precision, timed beside the candidates.
 
 Every result is a :class:`Row`, one per (workload, size, candidate); :mod:`.report` reads Rows.
+
+Whole models (:mod:`.models`) are timed here too, a training step at a time
+(:func:`measure_steps`): CUDA events around each step (:class:`CudaTimer`; :class:`WallTimer` on
+the CPU), the median of the timed steps, the first step's wall time, the peak memory.
 """
 
 from __future__ import annotations
 
 import gc
+import statistics
+import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
+
+from .. import runtime
 
 from .spec import (
     GBPS, OURS, TORCH_COMPILE, Inputs, Size, Spec, Workload, dtype_name, one_line, rate_of,
 )
+
+__all__ = ["COPY_BYTES", "TIMING_FULL", "TIMING_QUICK", "CudaTimer", "Measurement", "Row", "Steps",
+           "Timer", "WallTimer", "evaluate", "gpu_unavailable_reason", "grad_leaves",
+           "measure_case", "measure_copy_ceiling", "measure_steps", "needs_copy_ceiling",
+           "output_gradient", "outputs", "time_in_both_orders", "timed_call"]
 
 #: do_bench budgets in ms (warm-up, timed repetitions) for the full sweep and for --quick.
 TIMING_FULL = (25, 100)
@@ -58,6 +71,15 @@ class Row:
         return 100.0 * self.rate / self.ceiling
 
 
+def gpu_unavailable_reason() -> str | None:
+    """Why this process cannot benchmark, or None when it can."""
+    if runtime.INTERPRET:
+        return f"kernels run in Triton's interpreter here ({runtime.INTERPRET_REASON})"
+    if not torch.cuda.is_available():
+        return "no CUDA device found"
+    return None
+
+
 class Timer:
     """``triton.testing.do_bench`` with the suite's budgets; the median of the timed runs."""
 
@@ -80,10 +102,15 @@ def evaluate(w: Workload, fn: Callable, inputs: Inputs, dy: torch.Tensor | None)
     Forward workloads' inputs do not require grad, so no graph is recorded; the call runs in the
     same grad mode as the timed calls, so torch.compile's first graph is the one that is timed."""
     if not w.backward:
-        return (fn(*inputs),)
-    out = fn(*inputs)
-    grads = torch.autograd.grad(out, grad_leaves(inputs), dy)
-    return (out.detach(), *grads)
+        return outputs(fn(*inputs))
+    outs = outputs(fn(*inputs))
+    grads = torch.autograd.grad(outs, grad_leaves(inputs), dy)
+    return (*(o.detach() for o in outs), *grads)
+
+
+def outputs(out) -> tuple:
+    """A candidate's result as a tuple of tensors (ops such as rope return two)."""
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
 
 def timed_call(w: Workload, fn: Callable, inputs: Inputs, dy: torch.Tensor | None) -> Callable:
@@ -95,12 +122,14 @@ def timed_call(w: Workload, fn: Callable, inputs: Inputs, dy: torch.Tensor | Non
     return lambda: torch.autograd.grad(fn(*inputs), leaves, dy)
 
 
-def output_gradient(w: Workload, inputs: Inputs) -> torch.Tensor | None:
+def output_gradient(w: Workload, inputs: Inputs) -> torch.Tensor | tuple | None:
     """A fixed random gradient of the output for fwd+bwd workloads (None for forward only)."""
     if not w.backward:
         return None
     with torch.no_grad():
         probe = w.reference(*inputs)
+    if isinstance(probe, (tuple, list)):  # one gradient per output
+        return tuple(torch.randn_like(p) for p in probe)
     return torch.randn_like(probe)
 
 
@@ -229,3 +258,95 @@ def time_in_both_orders(timer: Timer, calls: Sequence[tuple[str, Callable]]):
         name: failed.get(name) or (sum(samples[name]) / len(samples[name]), "ok", "")
         for name, _ in calls
     }
+
+
+# ----------------------------------------------------------------------------------------------
+# Whole models: a step at a time.
+# ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Steps:
+    """How many steps: ``loss`` from the start (compared with torch eager; the first is the
+    first-step time), then ``warmup`` untimed, then ``timed``."""
+
+    loss: int
+    warmup: int
+    timed: int
+
+
+class CudaTimer:
+    """Steps timed with CUDA events (GPU time between two points of the stream), wall time with
+    ``perf_counter`` after a synchronise, peak memory from the caching allocator."""
+
+    def now(self) -> float:
+        return time.perf_counter()
+
+    def sync(self) -> None:
+        torch.cuda.synchronize()
+
+    def time_ms(self, fn: Callable[[], Any]) -> float:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+
+    def reset_peak(self) -> None:
+        torch.cuda.reset_peak_memory_stats()
+
+    def peak_bytes(self) -> int | None:
+        return torch.cuda.max_memory_allocated()
+
+
+class WallTimer(CudaTimer):
+    """The CPU's stand-in (tests, ``--device cpu`` debugging): wall time, no memory figure."""
+
+    def sync(self) -> None:
+        pass
+
+    def time_ms(self, fn: Callable[[], Any]) -> float:
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1e3
+
+    def reset_peak(self) -> None:
+        pass
+
+    def peak_bytes(self) -> int | None:
+        return None
+
+
+@dataclass
+class Measurement:
+    ms_per_step: float
+    first_step_s: float
+    peak_bytes: int | None
+    losses: list[float]
+    step_ms: list[float]
+
+
+def measure_steps(step: Callable[[Any], torch.Tensor], batches: Sequence, steps: Steps, timer) -> Measurement:
+    """Run ``step`` over ``batches`` (cycled): the first ``steps.loss`` steps record the loss (the
+    first is timed by wall clock, compilation and tuning included), then ``steps.warmup`` untimed
+    steps, then ``steps.timed`` steps timed one by one; ms/step is their median (robust to the odd
+    slow step: a clock change, a host hiccup)."""
+    if steps.loss < 1 or steps.timed < 1 or steps.warmup < 0:
+        raise ValueError(f"steps needs loss >= 1, timed >= 1, warmup >= 0, got {steps}")
+    if not batches:
+        raise ValueError("batches must not be empty")
+    timer.reset_peak()
+    start = timer.now()
+    losses = [float(step(batches[0]))]
+    timer.sync()
+    first_step_s = timer.now() - start
+    for i in range(1, steps.loss):
+        losses.append(float(step(batches[i % len(batches)])))
+    offset = steps.loss
+    for i in range(steps.warmup):
+        step(batches[(offset + i) % len(batches)])
+    offset += steps.warmup
+    step_ms = []
+    for i in range(steps.timed):
+        batch = batches[(offset + i) % len(batches)]
+        step_ms.append(timer.time_ms(lambda: step(batch)))
+    return Measurement(statistics.median(step_ms), first_step_s, timer.peak_bytes(), losses, step_ms)

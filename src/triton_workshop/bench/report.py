@@ -15,19 +15,23 @@ from typing import Any, Iterable, Sequence
 from .measure import Row
 from .spec import OURS, TORCH_COMPILE, TORCH_EAGER
 
+__all__ = ["CSV_COLUMNS", "case_line", "problems", "rate_text", "ratio_text", "render_text",
+           "spec_table", "summary_rows", "summary_table", "write_csv", "write_meta", "write_plot",
+           "write_table"]
+
 CSV_COLUMNS = (
     "spec", "op", "size", "dtype", "candidate", "role", "status", "ms", "rate", "unit",
     "pct_of_ceiling", "ceiling", "ceiling_source", "ratio_vs_triton_workshop", "headline", "note",
 )
 
 
-def _fmt_rate(rate: float | None) -> str:
+def rate_text(rate: float | None) -> str:
     if rate is None:
         return "–"
     return f"{rate:.0f}" if rate >= 100 else f"{rate:.1f}"
 
 
-def _fmt_ratio(ratio: float | None) -> str:
+def ratio_text(ratio: float | None) -> str:
     return "–" if ratio is None else f"{ratio:.2f}×"
 
 
@@ -42,8 +46,8 @@ def _cell(r: Row | None) -> str:
         return f"[{_STATUS_STYLE.get(r.status, '')}]{label}[/]"
     if r.role == "ours":
         pct = r.pct_ceiling
-        return f"[bold]{_fmt_rate(r.rate)}[/]" + ("" if pct is None else f" ({pct:.0f}%)")
-    return f"{_fmt_rate(r.rate)} ({_fmt_ratio(r.ratio)})"
+        return f"[bold]{rate_text(r.rate)}[/]" + ("" if pct is None else f" ({pct:.0f}%)")
+    return f"{rate_text(r.rate)} ({ratio_text(r.ratio)})"
 
 
 def _cases(rows: Iterable[Row]) -> dict[tuple[str, str, str], dict[str, Row]]:
@@ -74,7 +78,7 @@ def spec_table(spec_title: str, rows: Sequence[Row]):
         table.add_column(c, justify="right")
     for (op, size, dtype), by_candidate in _cases(rows).items():
         first = next(iter(by_candidate.values()))
-        ceiling = f"{_fmt_rate(first.ceiling)} {first.ceiling_source}" if first.ceiling else "–"
+        ceiling = f"{rate_text(first.ceiling)} {first.ceiling_source}" if first.ceiling else "–"
         table.add_row(op, size, dtype, ceiling, *(_cell(by_candidate.get(c)) for c in candidates))
     return table
 
@@ -131,12 +135,12 @@ def summary_table(rows: Sequence[Row]):
         speedup = dict(e["speedup"])
         ref = e["reference"]
         ref_ratio = speedup.pop(ref, None)
-        ref_cell = _fmt_ratio(ref_ratio) + ("" if ref == TORCH_EAGER or ref is None else f" {ref}")
-        compile_cell = _fmt_ratio(speedup.pop(TORCH_COMPILE, None))
-        others = ", ".join(f"{n} {_fmt_ratio(v)}" for n, v in speedup.items() if v is not None)
+        ref_cell = ratio_text(ref_ratio) + ("" if ref == TORCH_EAGER or ref is None else f" {ref}")
+        compile_cell = ratio_text(speedup.pop(TORCH_COMPILE, None))
+        others = ", ".join(f"{n} {ratio_text(v)}" for n, v in speedup.items() if v is not None)
         pct = e["pct_of_ceiling"]
         table.add_row(
-            e["op"], e["size"], e["dtype"], f"{_fmt_rate(e['rate'])} {e['unit']}",
+            e["op"], e["size"], e["dtype"], f"{rate_text(e['rate'])} {e['unit']}",
             "–" if pct is None else f"{pct:.0f}% {e['ceiling_source']}",
             ref_cell, compile_cell, others,
         )
@@ -152,25 +156,33 @@ def render_text(renderable, width: int = 200) -> str:
     return buffer.getvalue()
 
 
-def write_csv(path: Path, rows: Iterable[Row]) -> Path:
+def write_table(path: Path, header: Sequence[str], rows: Iterable[Sequence[Any]]) -> Path:
+    """A CSV file: ``header``, then one line per row (the benchmark's and the models' writer)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(CSV_COLUMNS)
-        for r in rows:
-            pct = r.pct_ceiling
-            writer.writerow([
-                r.spec, r.op, r.size, r.dtype, r.candidate, r.role, r.status,
-                "" if r.ms is None else f"{r.ms:.6g}",
-                "" if r.rate is None else f"{r.rate:.6g}",
-                r.unit,
-                "" if pct is None else f"{pct:.2f}",
-                "" if r.ceiling is None else f"{r.ceiling:.6g}",
-                r.ceiling_source,
-                "" if r.ratio is None else f"{r.ratio:.4f}",
-                int(r.headline), r.note,
-            ])
+        writer.writerow(header)
+        writer.writerows(rows)
     return path
+
+
+def _csv_cells(r: Row) -> list:
+    pct = r.pct_ceiling
+    return [
+        r.spec, r.op, r.size, r.dtype, r.candidate, r.role, r.status,
+        "" if r.ms is None else f"{r.ms:.6g}",
+        "" if r.rate is None else f"{r.rate:.6g}",
+        r.unit,
+        "" if pct is None else f"{pct:.2f}",
+        "" if r.ceiling is None else f"{r.ceiling:.6g}",
+        r.ceiling_source,
+        "" if r.ratio is None else f"{r.ratio:.4f}",
+        int(r.headline), r.note,
+    ]
+
+
+def write_csv(path: Path, rows: Iterable[Row]) -> Path:
+    return write_table(path, CSV_COLUMNS, (_csv_cells(r) for r in rows))
 
 
 def write_plot(path: Path, spec_title: str, rows: Sequence[Row], subtitle: str = "") -> Path:
@@ -251,8 +263,8 @@ def case_line(rows: Sequence[Row]) -> str:
             parts.append(f"{r.candidate} {_cell(r)}")
         elif r.role == "ours":
             pct = r.pct_ceiling
-            parts.append(f"{r.candidate} {_fmt_rate(r.rate)} {r.unit}"
+            parts.append(f"{r.candidate} {rate_text(r.rate)} {r.unit}"
                          + ("" if pct is None else f" ({pct:.0f}% of {r.ceiling_source})"))
         else:
-            parts.append(f"{r.candidate} {_fmt_ratio(r.ratio)}")
+            parts.append(f"{r.candidate} {ratio_text(r.ratio)}")
     return " · ".join(parts)

@@ -5,8 +5,13 @@ the interpreter and the GPU compiler is made here, on import, before the package
 are imported (``triton_workshop/__init__.py`` imports the runtime first):
 
 * the user set ``TRITON_INTERPRET=1``: interpreter, even on a GPU machine;
-* no CUDA device: interpreter, set for the user, and said once on stderr;
+* no CUDA device: interpreter, set for the user, and said once;
 * otherwise: kernels compile for the GPU.
+
+The notice is a warning of the ``triton_workshop`` logger (a logging record, not a print): with no
+logging configured Python writes it to stderr as one line; an application's logging
+configuration takes it like any other record. ``TRITON_WORKSHOP_QUIET=1``, or
+``logging.getLogger("triton_workshop").setLevel(logging.ERROR)`` before the import, silences it.
 
 Triton may have been imported already (``torch._dynamo``, torchvision, timm and transformers import
 it), in which case its own jit helpers (``tl.cdiv``, ...) and any kernel decorated before this
@@ -17,12 +22,14 @@ point were made for the GPU. The decision still holds: in interpreter mode
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
 import torch
 
 _QUIET = os.environ.get("TRITON_WORKSHOP_QUIET", "") not in ("", "0")
+_log = logging.getLogger(__name__)  # a child of "triton_workshop": that logger's level applies
 
 
 #: Whether Triton was imported before the mode was decided (by the user, or by torch._dynamo and
@@ -47,11 +54,11 @@ INTERPRET, INTERPRET_REASON = _decide_interpreter()
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 if INTERPRET and not _QUIET:
-    print(
-        f"triton-workshop: interpreter mode ({INTERPRET_REASON}): kernels run on the CPU through "
-        "Triton's interpreter; results are exact, speed is not representative.",
-        file=sys.stderr,
-    )
+    # WARNING, so that Python's last-resort handler shows it when the application configured no
+    # logging (INFO would vanish there); a library adds no handler of its own.
+    _log.warning(
+        "triton-workshop: interpreter mode (%s): kernels run on the CPU through Triton's "
+        "interpreter; results are exact, speed is not representative.", INTERPRET_REASON)
 
 
 def mode_description() -> str:

@@ -20,6 +20,10 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from .memory_report import decode_program
+from .poison import is_poison
+from .verdict import close
+
 OK, WRONG, UNWRITTEN, OUT_OF_BOUNDS = 0, 1, 2, 3
 MAX_SIDE = 256  # cells per side kept in the data
 TERMINAL_COLS = 64
@@ -33,11 +37,8 @@ def build_picture(out: torch.Tensor, ref: torch.Tensor, *, tol, geometry, unwrit
                   writer: np.ndarray | None = None, oob: Sequence = (), grid=None,
                   program_axes: Sequence[str] | None = None) -> dict | None:
     """The data of the picture for the first slice (leading index) with something wrong."""
-    from .checker import _close, is_poison
-    from .memcheck import decode_program
-
     out, ref = out.detach().cpu(), ref.detach().cpu()
-    wrong = ~_close(out, ref, tol)
+    wrong = ~close(out, ref, tol)
     if unwritten is None:
         unwritten = is_poison(out) & ~is_poison(ref)
     unwritten = unwritten.cpu().bool() & wrong

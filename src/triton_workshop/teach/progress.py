@@ -29,10 +29,9 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from . import REPO_ROOT, check_module, load_module
-from .checker import unfinished_todos
-from .exercises import EXERCISES
-from .part_two import is_stretch
+from .exercises import EXERCISES, is_stretch
+from .learner_file import REPO_ROOT, load_module, unfinished_todos
+from .session import check_module
 
 MISSING = "missing"
 NOT_STARTED = "not started"

@@ -29,53 +29,20 @@ import threading
 import time
 from pathlib import Path
 
-from .checker import INTERPRETER_ONLY_HELPERS, CaseResult, Verdict, hang_verdict
+from .. import runtime
+from .checker import CaseTimeout, hang_verdict, time_limit
+from .errors import INTERPRETER_ONLY_HELPERS, import_failure, import_hang
+from .exercises import EXERCISES
+from .learner_file import load_module
+from .loop import iter_check
+from .report import CasePrinter, print_header, print_import_failure
+from .verdict import CaseResult, Verdict
+
+__all__ = ["ChildRun", "InterpreterRerun", "check_isolated", "child_env", "child_main", "import_failure",
+           "import_hang", "interpreted_instead", "merge", "rerun_only"]
 
 STARTUP_LIMIT = 120.0  # seconds for a child to import torch, Triton and the learner's file
 CUDA_BROKEN = ("CUDA error", "illegal memory access", "device-side assert", "unspecified launch failure")
-
-
-# --------------------------------------------------------------------------------------------
-# Bad input: one sentence and the fix.
-# --------------------------------------------------------------------------------------------
-def import_failure(exc: BaseException, path: Path) -> Verdict:
-    """Why the learner's file could not be imported, in one sentence, and what to do."""
-    import traceback
-
-    name = path.name
-    if isinstance(exc, SyntaxError):
-        what = "indented wrongly" if isinstance(exc, IndentationError) else "not valid Python"
-        text = (exc.text or "").strip()
-        return Verdict(False, f"could not import {name}: line {exc.lineno} is {what} ({exc.msg})"
-                       + (f": {text}" if text else ""),
-                       ["fix that line (a missing bracket, colon or quote, or a stray indent, is the "
-                        "usual cause; the mistake may sit at the end of the line above), then run again"])
-    if isinstance(exc, FileNotFoundError) and not path.exists():
-        return Verdict(False, f"{path} does not exist", ["check the path, or run from your clone of "
-                                                         "triton-workshop"])
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename).name == name]
-    where = f"line {frames[-1].lineno} " if frames else ""
-    head = f"could not import {name}: {where}"
-    if isinstance(exc, ModuleNotFoundError):
-        return Verdict(False, f"{head}imports {exc.name!r}, which is not installed",
-                       [f"install it (pip install {exc.name}) or remove that import"])
-    if isinstance(exc, ImportError):
-        return Verdict(False, f"{head}has an import that fails: {exc}",
-                       ["check the name imported (a typo?) and where it comes from"])
-    if isinstance(exc, NameError):
-        return Verdict(False, f"{head}uses {getattr(exc, 'name', None) or str(exc)!r} before "
-                       "it is defined", ["define or import it above that line (or fix the typo)"])
-    message = str(exc).strip().splitlines()
-    return Verdict(False, f"{head}raised {type(exc).__name__} while being imported"
-                   + (f": {message[-1][:200]}" if message else ""),
-                   ["the file runs top to bottom when it is imported: code outside the functions "
-                    "must not fail (keep tests under if __name__ == \"__main__\":)"])
-
-
-def import_hang(path: Path, seconds: float) -> Verdict:
-    return Verdict(False, f"could not import {path.name}: importing it did not finish within {seconds:g} s",
-                   ["code at the top level of the file loops or waits: keep it inside the functions "
-                    "(or under if __name__ == \"__main__\":)"])
 
 
 def _crash_verdict(returncode: int | None, stderr_tail: str, label: str) -> Verdict:
@@ -130,10 +97,6 @@ def child_main(argv: list[str] | None = None) -> int:
     # The child's tensors are small and the machine may be shared: one thread avoids the
     # intra-op pool's spinning, which costs more than it gains here.
     torch.set_num_threads(1)
-    from . import EXERCISES, load_module
-
-    from .checker import CaseTimeout, time_limit
-
     path = Path(args.file)
     limit = args.time_limit or STARTUP_LIMIT
     try:
@@ -145,8 +108,6 @@ def child_main(argv: list[str] | None = None) -> int:
     except BaseException as exc:  # noqa: BLE001  (any failure to import is the learner's to fix)
         emit(event="import_error", verdict=import_failure(exc, path).to_dict())
         return 0
-    from . import iter_check
-
     memcheck = {"auto": None, "on": True, "off": False}[args.memcheck]
     for event, cid, function, label, result in iter_check(
             EXERCISES[args.exercise], module, seed=args.seed, learner_file=str(path),
@@ -285,7 +246,9 @@ def _relay(stream, out) -> None:
             out = None
 
 
-def _child_env(interpret: bool) -> dict:
+def child_env(interpret: bool) -> dict:
+    """A child's environment: quiet, unbuffered, this package first on the path, and Triton's
+    interpreter when ``interpret``."""
     env = dict(os.environ, TRITON_WORKSHOP_QUIET="1", PYTHONUNBUFFERED="1")
     src = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -361,7 +324,7 @@ class InterpreterRerun:
 
     def __init__(self, number: int, path: Path, seed: int, time_limit: float):
         self.events: queue.Queue = queue.Queue()
-        self.child = ChildRun("memcheck", number, path, seed, self.events, env=_child_env(True),
+        self.child = ChildRun("memcheck", number, path, seed, self.events, env=child_env(True),
                               memcheck="on", time_limit=time_limit)
         self.child.start()
 
@@ -384,19 +347,16 @@ class InterpreterRerun:
 def check_isolated(exercise, path: Path, *, seed: int | None, console, source: str, png=None,
                    time_limit: float, rerun_in_interpreter: bool | None = None) -> int:
     """Check ``path`` in child processes, printing as verdicts arrive; returns the exit code."""
-    from .. import runtime
-    from . import print_case, print_header, print_summary
-
     if seed is None:
         seed = int(time.time_ns() % 2**31)
     if rerun_in_interpreter is None:
         rerun_in_interpreter = not runtime.INTERPRET
     events: queue.Queue = queue.Queue()
-    runs = {"main": ChildRun("main", exercise.number, path, seed, events, env=_child_env(False),
+    runs = {"main": ChildRun("main", exercise.number, path, seed, events, env=child_env(False),
                              memcheck="off" if rerun_in_interpreter else "auto", time_limit=time_limit)}
     if rerun_in_interpreter:
         runs["memcheck"] = ChildRun("memcheck", exercise.number, path, seed, events,
-                                    env=_child_env(True), memcheck="on", time_limit=time_limit)
+                                    env=child_env(True), memcheck="on", time_limit=time_limit)
     print_header(exercise, console, source)
     for run in runs.values():
         run.start()
@@ -404,26 +364,15 @@ def check_isolated(exercise, path: Path, *, seed: int | None, console, source: s
     checked: dict[str, tuple[str, CaseResult]] = {}
     memcheck_over = "memcheck" not in runs
     live = set(runs)
-    ok, failed_import = True, False
-    drawn: set[str] = set()
-    pictures = []
+    failed_import = False
+    printer = CasePrinter(exercise, console)
     native: dict[str, Verdict] = {}  # the main run's own verdicts, by case id
-
-    def show(function: str, result: CaseResult) -> None:
-        nonlocal ok
-        verdict = result.verdict
-        ok = ok and verdict.passed
-        draw = not verdict.passed and bool(verdict.picture) and function not in drawn
-        if draw:
-            drawn.add(function)
-            pictures.append((f"{function}({result.label})", verdict.picture))
-        print_case(function, result, console, picture=draw)
 
     def show_main(event: dict) -> None:
         verdict = native[event["id"]] = Verdict.from_dict(event["verdict"])
         rerun = checked.get(event["id"])
-        show(event["function"], CaseResult(event["label"], merge(verdict, rerun and rerun[1].verdict),
-                                           float(event["seconds"])))
+        printer.show(event["function"], CaseResult(event["label"], merge(verdict, rerun and rerun[1].verdict),
+                                                   float(event["seconds"])))
 
     while live:
         role, event = events.get()
@@ -435,10 +384,7 @@ def check_isolated(exercise, path: Path, *, seed: int | None, console, source: s
         elif kind == "import_error":
             if role == "main" and not failed_import:
                 failed_import = True
-                verdict = Verdict.from_dict(event["verdict"])
-                console.print(f"❌ {verdict.headline}", markup=False, highlight=False)
-                for line in verdict.details:
-                    console.print(f"   {line}", markup=False, highlight=False)
+                print_import_failure(Verdict.from_dict(event["verdict"]), console)
                 for other in runs.values():
                     other.stop()
         elif kind == "result" and role == "memcheck":
@@ -456,13 +402,8 @@ def check_isolated(exercise, path: Path, *, seed: int | None, console, source: s
     if failed_import:
         return 1
     for function, result in rerun_only(list(native.values()), list(native), checked):
-        show(function, result)
-    if png and pictures:
-        from .picture import save_png
-
-        console.print(f"picture: {save_png(pictures, png)}", markup=False, highlight=False)
-    print_summary(exercise, ok, console)
-    return 0 if ok else 1
+        printer.show(function, result)
+    return printer.finish(png)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from . import check_exercise
+from .session import check_exercise, exercise_path
 
 
 def _run(number: int, solution: bool) -> int:
@@ -20,7 +20,7 @@ def _run(number: int, solution: bool) -> int:
 
         print_next_step(next_step_after(number), Console())
     if code == 0 and number == 7:  # the exercise's own benchmark: a plot on a GPU, a sentence here
-        from . import exercise_path, load_module
+        from .learner_file import load_module
 
         load_module(exercise_path(7, solution), name=f"_workshop_bench_7_{solution}").benchmark()
     return code

@@ -91,6 +91,14 @@ def _library_checks() -> list[tuple[str, Callable[[], tuple[bool, str]]]]:
 def run_tour(out_dir: str | Path = "workshop-output", image: str | Path | None = None,
              console: Console | None = None) -> int:
     console = console or Console()
+    try:  # the solutions are the clone's files, not the package's: say so before starting
+        for number in EXERCISES:
+            exercise_path(number, solution=True)
+    except FileNotFoundError as exc:
+        console.print(f"❌ workshop tour runs the reference solutions, files of a clone of "
+                      f"triton-workshop that a pip-installed package does not include: {exc}",
+                      markup=False, highlight=False)
+        return 2
     out_dir = Path(out_dir)
     console.rule(f"[bold]triton-workshop tour[/bold] · {runtime.mode_description()}")
     rows: list[Row] = []

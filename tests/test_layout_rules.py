@@ -1,0 +1,126 @@
+"""The package's layout rules, read from the source with ``ast`` (nothing is imported):
+
+* no source file of the tool wings (teach/, bench/) is longer than 600 lines;
+* no import cycle anywhere in the package, lazy imports inside functions included (``if
+  TYPE_CHECKING:`` imports are for annotations only and do not count);
+* no module of teach/ or bench/ imports another module's underscore name;
+* every module of teach/ and bench/ opens with a docstring (its one job).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = "triton_workshop"
+ROOT = Path(__file__).resolve().parents[1] / "src" / PACKAGE
+WINGS = ("teach", "bench")
+MAX_LINES = 600
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def in_wings(name: str) -> bool:
+    return any(name == f"{PACKAGE}.{w}" or name.startswith(f"{PACKAGE}.{w}.") for w in WINGS)
+
+
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """ids of the import nodes inside ``if TYPE_CHECKING:`` blocks."""
+    skip = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    return skip
+
+
+def imports(name: str) -> list[tuple[str, str, int]]:
+    """(module imported, name taken from it or "", line) for every import of the package's own
+    modules in ``name``: ``from .a import b`` is an edge to ``a.b`` when that is a module."""
+    path = MODULES[name]
+    tree = ast.parse(path.read_text(), str(path))
+    skip = _type_checking_only(tree)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            found += [(a.name, "", node.lineno) for a in node.names if a.name in MODULES]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                target = f"{base}.{node.module}" if node.module else base
+            else:
+                target = node.module or ""
+            for alias in node.names:
+                if f"{target}.{alias.name}" in MODULES:
+                    found.append((f"{target}.{alias.name}", "", node.lineno))
+                elif target in MODULES:
+                    found.append((target, alias.name, node.lineno))
+    return found
+
+
+def test_no_file_in_the_wings_is_over_the_limit():
+    long = {str(p.relative_to(ROOT)): n for name, p in MODULES.items() if in_wings(name)
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"files over {MAX_LINES} lines: {long}"
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of ``graph`` (a list of modules, the first repeated last), or None."""
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state:
+                cycle = visit(nxt)
+                if cycle:
+                    return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state:
+            cycle = visit(start)
+            if cycle:
+                return cycle
+    return None
+
+
+def test_find_cycle_finds_one():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_no_import_cycle_in_the_package():
+    graph = {name: {target for target, _, _ in imports(name) if target != name} for name in MODULES}
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_wings_import_no_underscore_names_of_other_modules():
+    found = [f"{MODULES[name].relative_to(ROOT)}:{line} imports {taken} from {target}"
+             for name in MODULES if in_wings(name)
+             for target, taken, line in imports(name)
+             if taken.startswith("_") and not taken.startswith("__") and target != name]
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize("name", [n for n in MODULES if in_wings(n)])
+def test_each_module_of_the_wings_says_its_job(name):
+    doc = ast.get_docstring(ast.parse(MODULES[name].read_text()))
+    assert doc and len(doc.split()) >= 5, f"{name}: no opening docstring saying its job"
