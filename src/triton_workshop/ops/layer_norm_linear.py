@@ -20,7 +20,7 @@ import torch
 
 from .. import runtime
 from ..runtime import FLOAT_DTYPES, register_op
-from ._common import FLOAT_DTYPES_WITH_FP64
+from ._common import FLOAT_DTYPES_WITH_FP64, SignatureCache, layout_key
 from .layer_norm import layer_norm_backward, layer_norm_forward
 from .matmul import launch_matmul, matmul
 
@@ -115,7 +115,13 @@ layer_norm_linear_forward.register_autograd(_backward, setup_context=_setup_cont
 # --------------------------------------------------------------------------------------------
 # Public function.
 # --------------------------------------------------------------------------------------------
-def _check_args(x, ln_weight, ln_bias, weight, bias, eps) -> None:
+def _call_key(x, ln_weight, ln_bias, weight, bias, eps):
+    """Everything the checks read."""
+    return (layout_key(x), layout_key(ln_weight), layout_key(ln_bias), layout_key(weight),
+            layout_key(bias), eps, type(eps))
+
+
+def _check_args(x, ln_weight, ln_bias, weight, bias, eps) -> bool:
     runtime.check_tensor(x, "x", dtypes=FLOAT_DTYPES)
     if x.dim() == 0:
         raise ValueError("x must have at least 1 dimension (..., in_features), got a scalar")
@@ -142,6 +148,7 @@ def _check_args(x, ln_weight, ln_bias, weight, bias, eps) -> None:
         raise TypeError(f"eps must be a float, got {type(eps).__name__}")
     if not eps >= 0:
         raise ValueError(f"eps must be >= 0, got {eps}")
+    return True
 
 
 @runtime.follows_autocast(layer_norm_linear_forward)
@@ -162,6 +169,10 @@ def layer_norm_linear(
     normalised activations (docs/kernels/layer_norm_linear.md). Differentiable in all five tensors, and
     traceable by ``torch.compile``.
     """
-    _check_args(x, ln_weight, ln_bias, weight, bias, eps)
+    _CALLS.checked(_call_key, _check_args, x, ln_weight, ln_bias, weight, bias, eps)
     out, _, _ = layer_norm_linear_forward(x, ln_weight, ln_bias, weight, bias, float(eps))
     return out
+
+
+#: layer_norm_linear's checked call signatures.
+_CALLS = SignatureCache()

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from ... import runtime
 from ...runtime import FLOAT_DTYPES, LaunchPlan, chunk_tile, plan_cache, register_op
+from .._common import SignatureCache, layout_key
 from .kernels import cross_entropy_bwd_kernel, cross_entropy_fwd_kernel
 
 __all__ = [
@@ -196,13 +197,35 @@ def _cross_entropy_setup_context(ctx, inputs, output):
     # and the gradient is written once, in the backward (docs/kernels/cross_entropy.md).
     ctx.save_for_backward(x, target, lse)
     ctx.loss_args = (ignore_index, reduction, label_smoothing)
+    n_rows, n_cols = x.shape
+    if getattr(ctx, "eager", False) and n_rows and reduction != "none":
+        # The backward's plan, found now on the calling thread (a mean or a sum: one scale for
+        # every row, a 0-d tensor; dx contiguous): the backward then only allocates and launches.
+        ctx.backward_plan = _backward_plan(
+            n_rows, n_cols, (x.dtype, target.dtype, lse.dtype, torch.float32, x.dtype),
+            x.stride(), target.stride(0), 0, n_cols, ignore_index, label_smoothing, TUNING)
+
+
+@runtime.launch_directly
+def _cross_entropy_backward_planned(plan, grad_loss, x, target, lse, ignore_index, reduction):
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    scale = _grad_scale(grad_loss, target, ignore_index, reduction)
+    with runtime.device_guard(x):
+        plan.launch(x, target, lse, scale, dx)
+    return dx
 
 
 def _cross_entropy_backward_autograd(ctx, grad_loss, _grad_lse):
     if grad_loss is None or not ctx.needs_input_grad[0]:
         return None, None, None, None, None, None
     x, target, lse = ctx.saved_tensors
-    dx = cross_entropy_backward(grad_loss, x, target, lse, *ctx.loss_args)
+    plan = getattr(ctx, "backward_plan", None)
+    if plan is not None and runtime.eager_backward():
+        # Autograd runs a CUDA backward on its device thread, already on x's device.
+        dx = _cross_entropy_backward_planned(plan, grad_loss, x, target, lse,
+                                             *ctx.loss_args[:2])
+    else:
+        dx = cross_entropy_backward(grad_loss, x, target, lse, *ctx.loss_args)
     return dx, None, None, None, None, None
 
 
@@ -450,6 +473,31 @@ def cross_entropy(
     softmax from a saved logsumexp a row. A target outside ``[0, C)`` other than
     ``ignore_index`` gives NaN (torch raises; checking would wait for the GPU). Traceable by
     ``torch.compile``."""
+    ignore_index, label_smoothing = _CALLS.checked(
+        _loss_key, _check_cross_entropy, input, target, ignore_index, reduction, label_smoothing)
+    device_type = "cuda" if input.is_cuda else "cpu"
+    out_dtype = _AUTOCAST_LOSS.dtype_for(device_type) or input.dtype
+    if input.dim() == 1:  # one row, as torch allows: a 0-d loss for every reduction
+        loss, _ = cross_entropy_forward(input.unsqueeze(0), target.reshape(1), ignore_index,
+                                        reduction, label_smoothing, out_dtype)
+        return loss.reshape(())
+    return cross_entropy_forward(input, target, ignore_index, reduction, label_smoothing,
+                                 out_dtype)[0]
+
+
+#: cross_entropy's checked call signatures -> ``(ignore_index, label_smoothing)`` as the op
+#: takes them.
+_CALLS = SignatureCache()
+
+
+def _loss_key(*args):
+    """Everything the checks of either loss read: its tensors' layouts (``None`` stays None),
+    the other arguments with their types (an int and a bool are different keys)."""
+    return tuple([layout_key(a) if a is None or isinstance(a, torch.Tensor) else (a, type(a))
+                  for a in args])
+
+
+def _check_cross_entropy(input, target, ignore_index, reduction, label_smoothing):
     _check_dense_tensor(input, "input", dtypes=FLOAT_DTYPES, ndim=(1, 2))
     _check_loss_args(target, ignore_index, reduction, label_smoothing)
     if target.dim() != input.dim() - 1 or target.shape[:1] != input.shape[:-1]:
@@ -459,15 +507,7 @@ def cross_entropy(
     if input.shape[-1] == 0:
         raise ValueError(f"input must have at least one class, got shape {tuple(input.shape)}")
     runtime.check_same_device(input=input, target=target)
-    device_type = "cuda" if input.is_cuda else "cpu"
-    out_dtype = _AUTOCAST_LOSS.dtype_for(device_type) or input.dtype
-    if input.dim() == 1:  # one row, as torch allows: a 0-d loss for every reduction
-        loss, _ = cross_entropy_forward(input.unsqueeze(0), target.reshape(1), int(ignore_index),
-                                        reduction, float(label_smoothing), out_dtype)
-        return loss.reshape(())
-    loss, _ = cross_entropy_forward(input, target, int(ignore_index), reduction,
-                                    float(label_smoothing), out_dtype)
-    return loss
+    return int(ignore_index), float(label_smoothing)
 
 
 def _check_linear_args(input, weight, bias) -> None:
@@ -509,6 +549,25 @@ def linear_cross_entropy(
     ``chunk_rows(V, itemsize)`` at a time; for a mean or a sum the gradients of ``input``,
     ``weight`` and ``bias`` are computed in the forward, so the backward only scales them.
     Returns the fp32 loss (for "none" of ``target``'s shape). Traceable by ``torch.compile``."""
+    ignore_index, label_smoothing = _LINEAR_CALLS.checked(
+        _loss_key, _check_linear_cross_entropy, input, weight, target, bias, ignore_index,
+        reduction, label_smoothing)
+    grad = torch.is_grad_enabled()
+    need = (grad and input.requires_grad, grad and weight.requires_grad,
+            grad and bias is not None and bias.requires_grad)
+    loss, *_ = linear_cross_entropy_forward(
+        input.reshape(-1, input.shape[-1]), weight, target.reshape(-1), bias, ignore_index,
+        reduction, label_smoothing, *need)
+    return loss.view(target.shape) if reduction == "none" else loss
+
+
+#: linear_cross_entropy's checked call signatures -> ``(ignore_index, label_smoothing)`` as
+#: the op takes them.
+_LINEAR_CALLS = SignatureCache()
+
+
+def _check_linear_cross_entropy(input, weight, target, bias, ignore_index, reduction,
+                                label_smoothing):
     _check_linear_args(input, weight, bias)
     _check_loss_args(target, ignore_index, reduction, label_smoothing)
     if tuple(target.shape) != tuple(input.shape[:-1]):
@@ -516,10 +575,4 @@ def linear_cross_entropy(
             f"target must have shape {tuple(input.shape[:-1])} (one class index a row of input "
             f"{tuple(input.shape)}), got {tuple(target.shape)}")
     runtime.check_same_device(input=input, target=target)
-    grad = torch.is_grad_enabled()
-    need = (grad and input.requires_grad, grad and weight.requires_grad,
-            grad and bias is not None and bias.requires_grad)
-    loss, *_ = linear_cross_entropy_forward(
-        input.reshape(-1, input.shape[-1]), weight, target.reshape(-1), bias, int(ignore_index),
-        reduction, float(label_smoothing), *need)
-    return loss.view(target.shape) if reduction == "none" else loss
+    return int(ignore_index), float(label_smoothing)

@@ -14,6 +14,7 @@ import torch
 
 from ... import runtime
 from ...runtime import FLOAT_DTYPES, LaunchPlan, plan_cache, register_op
+from .._common import SignatureCache
 from .kernels import add_kernel, mul_add_sqrt_kernel
 
 
@@ -44,24 +45,41 @@ def _prepare(**tensors: torch.Tensor) -> list[torch.Tensor]:
     """Validate, then broadcast to one shape and promote to one floating dtype, as torch does.
 
     The kernels walk flat memory, so operands that are broadcast or strided are made contiguous
-    here (one extra copy; contiguous same-shape inputs, the fast path, are passed through).
+    here (one extra copy; contiguous same-shape inputs, the fast path, are passed through). The
+    checks run once per call signature (all they read, and the strides, are in the key).
     """
-    for name, t in tensors.items():
-        runtime.check_tensor(t, name, dtypes=FLOAT_DTYPES)
-    runtime.check_same_device(**tensors)
     values = list(tensors.values())
-    first = values[0]
-    if all(t.shape == first.shape and t.dtype == first.dtype and t.is_contiguous() for t in values):
+    if _CALLS.checked(_call_key, _check, tensors):
         return values  # the common case, without broadcast_tensors' and to()'s Python overhead
-    dtype = first.dtype
-    for t in tensors.values():
+    dtype = values[0].dtype
+    for t in values:
         dtype = torch.promote_types(dtype, t.dtype)
     try:
-        shaped = torch.broadcast_tensors(*tensors.values())
+        shaped = torch.broadcast_tensors(*values)
     except RuntimeError:
         shapes = ", ".join(f"{n} {tuple(t.shape)}" for n, t in tensors.items())
         raise ValueError(f"shapes do not broadcast: {shapes}") from None
     return [t.to(dtype).contiguous() for t in shaped]
+
+
+#: The elementwise ops' checked call signatures -> whether the operands go to the kernel as
+#: they are (one shape, one dtype, contiguous).
+_CALLS = SignatureCache()
+
+
+def _call_key(tensors: dict):
+    """Everything the checks read, and the strides (whether the operands are contiguous)."""
+    return tuple([(t.shape, t.stride(), t.dtype, t.device, t.layout) for t in tensors.values()])
+
+
+def _check(tensors: dict) -> bool:
+    """The checks; whether the operands can be launched as they are."""
+    for name, t in tensors.items():
+        runtime.check_tensor(t, name, dtypes=FLOAT_DTYPES)
+    runtime.check_same_device(**tensors)
+    first = next(iter(tensors.values()))
+    return all(t.shape == first.shape and t.dtype == first.dtype and t.is_contiguous()
+               for t in tensors.values())
 
 
 def _empty_like(x: torch.Tensor) -> torch.Tensor:

@@ -17,6 +17,7 @@ import torch
 
 from ... import runtime
 from ...runtime import FLOAT_DTYPES, LaunchPlan, plan_cache, register_op
+from .._common import SignatureCache, layout_key
 from .kernels import GELU, GELU_TANH, SILU, glu_bwd_kernel, glu_fwd_kernel
 
 
@@ -52,6 +53,51 @@ def _as_rows(*tensors: torch.Tensor) -> tuple[list[torch.Tensor], int, int]:
     n_cols = first.shape[-1] if first.dim() else 1
     views = [t.reshape(-1, n_cols) for t in tensors]
     return views, views[0].shape[0], n_cols
+
+
+def _find_plan(kernel, inputs: tuple, out_dtypes: tuple, activation: int):
+    """``(plan, reshape)``: the launch of ``kernel`` over the inputs (of one shape, not empty)
+    seen as rows (:func:`_as_rows`), and whether the inputs must be reshaped into rows at each
+    launch (a copy; otherwise the plan launches the tensors themselves: a view starts where its
+    tensor starts). Looked up by every shape, stride and dtype the launch reads."""
+    try:
+        key = (kernel, inputs[0].shape, *[t.stride() for t in inputs],
+               *[t.dtype for t in inputs], *out_dtypes, activation, TUNING)
+        planned = _LAUNCHES.get(key)
+    except TypeError:  # symbolic sizes (torch.compile with dynamic shapes): worked out uncached
+        key, planned = None, None
+    if planned is None:
+        views, n_rows, n_cols = _as_rows(*inputs)
+        planned = _LAUNCHES.remember(key, (
+            _plan(kernel, n_rows, n_cols, _strides(views), activation,
+                  (*[t.dtype for t in inputs], *out_dtypes), TUNING),
+            not _views_of(inputs, n_cols)))
+    return planned
+
+
+def _launch(kernel, inputs: tuple, outputs: tuple, activation: int) -> None:
+    """``kernel`` over the inputs, writing the contiguous outputs (:func:`_find_plan`)."""
+    plan, reshape = _find_plan(kernel, inputs, tuple([t.dtype for t in outputs]), activation)
+    with runtime.device_guard(inputs[0]):
+        plan.launch(*(_as_rows(*inputs)[0] if reshape else inputs), *outputs)
+
+
+def _views_of(tensors, n_cols: int) -> bool:
+    """Whether every operand is its rows without a copy (contiguous, or leading dims that
+    collapse into one stride)."""
+    if all(t.is_contiguous() for t in tensors):
+        return True
+    try:
+        for t in tensors:
+            t.view(-1, n_cols)
+    except RuntimeError:  # reshape copies this one
+        return False
+    return True
+
+
+#: _launch's plans by every layout they were worked out from, with whether the operands must
+#: be reshaped into rows (a copy) at each launch.
+_LAUNCHES = SignatureCache()
 
 
 def _strides(views) -> tuple[int, ...]:
@@ -90,11 +136,7 @@ def glu_forward(gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.
     out = torch.empty(gate.shape, dtype=_out_dtype(gate, up), device=gate.device)
     if out.numel() == 0:
         return out
-    (gate2d, up2d), n_rows, n_cols = _as_rows(gate, up)
-    plan = _plan(glu_fwd_kernel, n_rows, n_cols, _strides((gate2d, up2d)),
-                 ACTIVATIONS[activation], (gate.dtype, up.dtype, out.dtype), TUNING)
-    with runtime.device_guard(gate):
-        plan.launch(gate2d, up2d, out)
+    _launch(glu_fwd_kernel, (gate, up), (out,), ACTIVATIONS[activation])
     return out
 
 
@@ -112,11 +154,7 @@ def glu_backward(dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,
     dup = torch.empty_like(up, memory_format=torch.contiguous_format)
     if dgate.numel() == 0:
         return dgate, dup
-    (dout2d, gate2d, up2d), n_rows, n_cols = _as_rows(dout, gate, up)
-    plan = _plan(glu_bwd_kernel, n_rows, n_cols, _strides((dout2d, gate2d, up2d)),
-                 ACTIVATIONS[activation], (dout.dtype, gate.dtype, up.dtype), TUNING)
-    with runtime.device_guard(gate):
-        plan.launch(dout2d, gate2d, up2d, dgate, dup)
+    _launch(glu_bwd_kernel, (dout, gate, up), (dgate, dup), ACTIVATIONS[activation])
     return dgate, dup
 
 
@@ -125,11 +163,33 @@ def _glu_setup_context(ctx, inputs, output):
     # The inputs, not act(gate): the backward recomputes it (one tensor less kept alive).
     ctx.save_for_backward(gate, up)
     ctx.activation = activation
+    if (getattr(ctx, "eager", False) and output.numel() and gate.is_contiguous()
+            and up.is_contiguous()):
+        # The backward's plan, found now on the calling thread for the usual case of a
+        # contiguous gradient of the output's dtype (``output`` stands in for it: its shape,
+        # strides and dtype): the backward then only allocates and launches.
+        plan, _ = _find_plan(glu_bwd_kernel, (output, gate, up), (gate.dtype, up.dtype),
+                             ACTIVATIONS[activation])
+        ctx.backward_plan = plan, output.dtype
+
+
+@runtime.launch_directly
+def _glu_backward_planned(plan, dout, gate, up):
+    dgate, dup = torch.empty_like(gate), torch.empty_like(up)  # contiguous, as gate and up
+    with runtime.device_guard(gate):
+        plan.launch(dout, gate, up, dgate, dup)
+    return dgate, dup
 
 
 def _glu_backward_autograd(ctx, dout):
     gate, up = ctx.saved_tensors
-    dgate, dup = glu_backward(dout, gate, up, ctx.activation)
+    planned = getattr(ctx, "backward_plan", None)
+    if (planned is not None and dout.dtype == planned[1] and dout.is_contiguous()
+            and runtime.eager_backward()):
+        # Autograd runs a CUDA backward on its device thread, already on the output's device.
+        dgate, dup = _glu_backward_planned(planned[0], dout, gate, up)
+    else:
+        dgate, dup = glu_backward(dout, gate, up, ctx.activation)
     need_gate, need_up = ctx.needs_input_grad[:2]
     return dgate if need_gate else None, dup if need_up else None, None
 
@@ -141,6 +201,19 @@ glu_forward.register_autograd(_glu_backward_autograd, setup_context=_glu_setup_c
 # Public functions.
 # --------------------------------------------------------------------------------------------
 def _check(gate, up) -> None:
+    """The checks of both functions, once per call signature (all they read is in the key)."""
+    _CALLS.checked(_call_key, _check_args, gate, up)
+
+
+def _call_key(gate, up):
+    return layout_key(gate), layout_key(up)
+
+
+#: swiglu's and geglu's checked call signatures.
+_CALLS = SignatureCache()
+
+
+def _check_args(gate, up) -> bool:
     runtime.check_tensor(gate, "gate", dtypes=FLOAT_DTYPES)
     runtime.check_tensor(up, "up", dtypes=FLOAT_DTYPES)
     runtime.check_same_device(gate=gate, up=up)
@@ -149,6 +222,7 @@ def _check(gate, up) -> None:
             f"gate and up must have the same shape (no broadcasting), got gate "
             f"{tuple(gate.shape)} and up {tuple(up.shape)}"
         )
+    return True
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

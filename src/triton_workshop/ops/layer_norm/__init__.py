@@ -27,7 +27,16 @@ from ...runtime import (
     register_op,
     row_tile,
 )
-from .._common import FLOAT_DTYPES_WITH_FP64
+from .._common import (
+    FLOAT_DTYPES_WITH_FP64,
+    SignatureCache,
+    check_norm_param,
+    check_normalized_shape,
+    layout_key,
+    rows_cols,
+    shape_key,
+    stats_dtype,
+)
 from .kernels import (
     layer_norm_bwd_dwdb_chunked_kernel,
     layer_norm_bwd_dx_chunked_kernel,
@@ -101,21 +110,9 @@ TUNING = LayerNormTuning()
 # --------------------------------------------------------------------------------------------
 # Launch plans, registered ops, autograd.
 # --------------------------------------------------------------------------------------------
-def _rows_cols(x: torch.Tensor, norm_ndim: int) -> tuple[int, int]:
-    shape = x.shape
-    if norm_ndim == 1 and shape[-1]:  # the common case, without slicing the shape twice
-        return x.numel() // shape[-1], shape[-1]
-    return math.prod(shape[: len(shape) - norm_ndim]), math.prod(shape[len(shape) - norm_ndim :])
-
-
-def _stats_dtype(dtype: torch.dtype) -> torch.dtype:
-    """mean/rstd and the partial sums are kept in the kernels' arithmetic type."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 def _layer_norm_forward_fake(x, weight, bias, norm_ndim, eps):
-    n_rows, _ = _rows_cols(x, norm_ndim)
-    stats = _stats_dtype(x.dtype)
+    n_rows, _ = rows_cols(x, norm_ndim)
+    stats = stats_dtype(x.dtype)
     return (
         torch.empty(x.shape, dtype=x.dtype, device=x.device),
         x.new_empty(n_rows, dtype=stats),
@@ -134,9 +131,9 @@ def layer_norm_forward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(y, mean, rstd)`` of layer norm over the last ``norm_ndim`` dims of ``x`` (arguments
     already checked by :func:`layer_norm`); ``mean`` and ``rstd`` have one value per row."""
-    n_rows, n_cols = _rows_cols(x, norm_ndim)
+    n_rows, n_cols = rows_cols(x, norm_ndim)
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
-    stats = _stats_dtype(x.dtype)
+    stats = stats_dtype(x.dtype)
     mean = x.new_empty(n_rows, dtype=stats)
     rstd = x.new_empty(n_rows, dtype=stats)
     if n_rows == 0:
@@ -173,14 +170,14 @@ def _forward_plan(n_rows, n_cols, eps, dtypes, has_weight, has_bias,
 
 def _grad_dtypes(x, weight, bias_dtype) -> tuple[torch.dtype, torch.dtype]:
     """dtypes of ``dweight`` and ``dbias``: the parameters' own when known, else the stats'."""
-    stats = _stats_dtype(x.dtype)
+    stats = stats_dtype(x.dtype)
     return (weight.dtype if weight is not None else stats,
             bias_dtype if bias_dtype is not None else stats)
 
 
 def _layer_norm_backward_fake(dy, x, weight, mean, rstd, norm_ndim, need_dx, need_dw, need_db,
                               bias_dtype=None):
-    _, n_cols = _rows_cols(x, norm_ndim)
+    _, n_cols = rows_cols(x, norm_ndim)
     dw_dtype, db_dtype = _grad_dtypes(x, weight, bias_dtype)
     return (
         torch.empty(x.shape if need_dx else (0,), dtype=x.dtype, device=x.device),
@@ -294,7 +291,7 @@ def layer_norm_backward(
     """``(dx, dweight, dbias)``; each one not asked for is an empty placeholder. ``dweight`` and
     ``dbias`` come flat (the caller reshapes), ``dweight`` in ``weight``'s dtype, ``dbias`` in
     ``bias_dtype`` (both in the arithmetic type, fp32 or fp64, when unknown)."""
-    n_rows, n_cols = _rows_cols(x, norm_ndim)
+    n_rows, n_cols = rows_cols(x, norm_ndim)
     dw_dtype, db_dtype = _grad_dtypes(x, weight, bias_dtype)
     if n_rows == 0 or n_cols == 0:  # a sum over no rows is 0
         dx = x.new_empty(x.shape if need_dx else (0,))
@@ -324,7 +321,7 @@ def _backward_launches(plan, dy, x, w, mean, rstd, n_cols, need_dx, need_dw, nee
     # Row g of the partial buffers: the dweight/dbias sums of row group g (one allocation).
     n_sums = need_dw + need_db
     partials = x.new_empty((max(n_sums, 1), n_partials if n_sums else 0, n_cols),
-                           dtype=_stats_dtype(x.dtype))
+                           dtype=stats_dtype(x.dtype))
     dw_partial, db_partial = partials[0], partials[n_sums - 1 if n_sums else 0]
     dw = x.new_empty(n_cols if need_dw else 0, dtype=dw_dtype)
     db = x.new_empty(n_cols if need_db else 0, dtype=db_dtype)
@@ -350,7 +347,7 @@ def _layer_norm_setup_context(ctx, inputs, output):
     ctx.save_for_backward(x, weight, mean, rstd)
     ctx.norm_ndim = norm_ndim
     ctx.bias_dtype = bias.dtype if bias is not None else None
-    n_rows, n_cols = _rows_cols(x, norm_ndim)
+    n_rows, n_cols = rows_cols(x, norm_ndim)
     if getattr(ctx, "eager", False) and n_rows and n_cols and x.is_contiguous() and (
             weight is None or weight.is_contiguous()):
         # The backward's plan, found now on the calling thread for the usual case of a
@@ -399,46 +396,6 @@ layer_norm_forward.register_autograd(
 # --------------------------------------------------------------------------------------------
 # Public function.
 # --------------------------------------------------------------------------------------------
-def _check_normalized_shape(normalized_shape, x: torch.Tensor) -> tuple[int, ...]:
-    # Fast path (every training step calls this): one int, or a 1-tuple/list of an int, equal to
-    # the last dimension.
-    if type(normalized_shape) is int:
-        shape = (normalized_shape,)
-    elif type(normalized_shape) in (tuple, list, torch.Size) and len(normalized_shape) == 1 \
-            and type(normalized_shape[0]) is int:
-        shape = (normalized_shape[0],)
-    else:
-        shape = None
-    if shape is not None and x.dim() >= 1 and x.shape[-1] == shape[0]:
-        return shape
-    if isinstance(normalized_shape, numbers.Integral) and not isinstance(normalized_shape, bool):
-        shape = (int(normalized_shape),)
-    elif isinstance(normalized_shape, (tuple, list, torch.Size)) and all(
-        isinstance(d, numbers.Integral) and not isinstance(d, bool) for d in normalized_shape
-    ):
-        shape = tuple(int(d) for d in normalized_shape)
-    else:
-        raise TypeError(
-            f"normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}"
-        )
-    if not shape:
-        raise ValueError("normalized_shape must name at least one dimension, got ()")
-    if x.dim() < len(shape) or tuple(x.shape[x.dim() - len(shape) :]) != shape:
-        raise ValueError(
-            f"normalized_shape {list(shape)} must match the trailing dimensions of x, "
-            f"got x of shape {tuple(x.shape)}"
-        )
-    return shape
-
-
-def _check_param(t, name: str, shape: tuple[int, ...]) -> None:
-    if t is None:
-        return
-    runtime.check_tensor(t, name, dtypes=FLOAT_DTYPES_WITH_FP64)
-    if tuple(t.shape) != shape:
-        raise ValueError(f"{name} must have shape normalized_shape {shape}, got {tuple(t.shape)}")
-
-
 def layer_norm(
     x: torch.Tensor,
     normalized_shape,
@@ -449,14 +406,30 @@ def layer_norm(
     """``torch.nn.functional.layer_norm`` in Triton: fp16/bf16/fp32 inputs with fp32 statistics
     (fp64 computes in fp64), optional ``weight``/``bias`` of any float dtype, differentiable with
     a deterministic ``dweight``/``dbias``, and traceable by ``torch.compile``."""
+    norm_ndim, eps = _CALLS.checked(_call_key, _check_args, x, normalized_shape, weight, bias,
+                                    eps)
+    y, _, _ = layer_norm_forward(x, weight, bias, norm_ndim, eps)
+    return y
+
+
+#: layer_norm's checked call signatures -> ``(norm_ndim, eps)`` as the op takes them.
+_CALLS = SignatureCache()
+
+
+def _call_key(x, normalized_shape, weight, bias, eps):
+    """Everything the checks read."""
+    return (layout_key(x), shape_key(normalized_shape), layout_key(weight), layout_key(bias),
+            eps, type(eps))
+
+
+def _check_args(x, normalized_shape, weight, bias, eps) -> tuple[int, float]:
     runtime.check_tensor(x, "x", dtypes=FLOAT_DTYPES_WITH_FP64)
-    shape = _check_normalized_shape(normalized_shape, x)
-    _check_param(weight, "weight", shape)
-    _check_param(bias, "bias", shape)
+    shape = check_normalized_shape(normalized_shape, x)
+    check_norm_param(weight, "weight", shape)
+    check_norm_param(bias, "bias", shape)
     runtime.check_same_device(x=x, weight=weight, bias=bias)
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
         raise TypeError(f"eps must be a float, got {type(eps).__name__}")
     if not eps >= 0:
         raise ValueError(f"eps must be >= 0, got {eps}")
-    y, _, _ = layer_norm_forward(x, weight, bias, len(shape), float(eps))
-    return y
+    return len(shape), float(eps)

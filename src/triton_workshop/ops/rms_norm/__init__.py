@@ -39,14 +39,17 @@ from ...runtime import (
     register_op,
     row_tile,
 )
-from .._common import FLOAT_DTYPES_WITH_FP64
-from ..layer_norm import (
-    LayerNormTuning,
-    _check_normalized_shape,
-    _check_param,
-    _rows_cols,
-    _stats_dtype,
+from .._common import (
+    FLOAT_DTYPES_WITH_FP64,
+    SignatureCache,
+    check_norm_param,
+    check_normalized_shape,
+    layout_key,
+    rows_cols,
+    shape_key,
+    stats_dtype,
 )
+from ..layer_norm import LayerNormTuning
 from ..layer_norm.kernels import layer_norm_bwd_sum_partials_kernel
 from .kernels import (
     rms_norm_bwd_dw_chunked_kernel,
@@ -89,11 +92,11 @@ def _out_dtype(x: torch.Tensor, weight: torch.Tensor | None, casting_mode: str,
 
 def _rms_norm_forward_fake(x, residual, weight, norm_ndim, eps, weight_offset, casting_mode,
                            out_dtype=None):
-    n_rows, _ = _rows_cols(x, norm_ndim)
+    n_rows, _ = rows_cols(x, norm_ndim)
     return (
         x.new_empty(x.shape, dtype=_out_dtype(x, weight, casting_mode, out_dtype)),
         x.new_empty(x.shape if residual is not None else (0,)),
-        x.new_empty(n_rows, dtype=_stats_dtype(x.dtype)),
+        x.new_empty(n_rows, dtype=stats_dtype(x.dtype)),
     )
 
 
@@ -114,10 +117,10 @@ def rms_norm_forward(
     """``(y, x + residual, rstd)`` of RMS norm over the last ``norm_ndim`` dims of ``x`` (or of
     ``x + residual``; without a residual the sum is an empty placeholder), arguments already
     checked by :func:`rms_norm` / :func:`add_rms_norm`; ``rstd`` has one value per row."""
-    n_rows, n_cols = _rows_cols(x, norm_ndim)
+    n_rows, n_cols = rows_cols(x, norm_ndim)
     y = x.new_empty(x.shape, dtype=_out_dtype(x, weight, casting_mode, out_dtype))
     total = x.new_empty(x.shape if residual is not None else (0,))
-    rstd = x.new_empty(n_rows, dtype=_stats_dtype(x.dtype))
+    rstd = x.new_empty(n_rows, dtype=stats_dtype(x.dtype))
     if n_rows == 0:
         return y, total, rstd
     if n_cols == 0:  # the mean of no squares, as PyTorch: NaN
@@ -153,12 +156,12 @@ def _forward_plan(n_rows, n_cols, eps, weight_offset, dtypes, has_residual, has_
 
 
 def _dw_dtype(x: torch.Tensor, weight: torch.Tensor | None) -> torch.dtype:
-    return weight.dtype if weight is not None else _stats_dtype(x.dtype)
+    return weight.dtype if weight is not None else stats_dtype(x.dtype)
 
 
 def _rms_norm_backward_fake(dy, dsum, x, weight, rstd, norm_ndim, weight_offset, casting_mode,
                             need_dx, need_dw):
-    _, n_cols = _rows_cols(x, norm_ndim)
+    _, n_cols = rows_cols(x, norm_ndim)
     return (x.new_empty(x.shape if need_dx else (0,)),
             x.new_empty(n_cols if need_dw else 0, dtype=_dw_dtype(x, weight)))
 
@@ -261,7 +264,7 @@ def rms_norm_backward(
     (``x + residual`` for :func:`add_rms_norm`), ``dsum`` the gradient that reached that sum
     directly (added to ``dx``). ``dweight`` comes flat (the caller reshapes), in the weight's
     dtype."""
-    n_rows, n_cols = _rows_cols(x, norm_ndim)
+    n_rows, n_cols = rows_cols(x, norm_ndim)
     dw_dtype = _dw_dtype(x, weight)
     if n_rows == 0 or n_cols == 0:  # a sum over no rows is 0
         dx = x.new_empty(x.shape if need_dx else (0,))
@@ -293,7 +296,7 @@ def _backward_launches(plan, dy, dsum, x, w, rstd, n_cols, need_dx, need_dw, dw_
     dx = x.new_empty(x.shape if need_dx else (0,))
     dsum = dsum if dsum is not None else dy  # never read without HAS_DSUM
     # Row g of the partial buffer: the dweight sum of row group g.
-    dw_partial = x.new_empty((n_partials if need_dw else 0, n_cols), dtype=_stats_dtype(x.dtype))
+    dw_partial = x.new_empty((n_partials if need_dw else 0, n_cols), dtype=stats_dtype(x.dtype))
     dw = x.new_empty(n_cols if need_dw else 0, dtype=dw_dtype)
     row_kernel = (dy, x, w, rstd, dsum, dx, dw_partial)
     operands = {
@@ -322,7 +325,7 @@ def _rms_norm_setup_context(ctx, inputs, output):
     ctx.save_for_backward(normalised, weight, rstd)
     ctx.norm_ndim, ctx.weight_offset, ctx.casting_mode = norm_ndim, weight_offset, casting_mode
     ctx.has_residual = residual is not None
-    n_rows, n_cols = _rows_cols(x, norm_ndim)
+    n_rows, n_cols = rows_cols(x, norm_ndim)
     if getattr(ctx, "eager", False) and n_rows and n_cols and normalised.is_contiguous() and (
             weight is None or weight.is_contiguous()):
         # The backward's plan, found now on the calling thread for the usual case (contiguous
@@ -390,7 +393,7 @@ AUTOCAST = runtime.AutocastPolicy({"cuda": "fp32"} if torch.__version__ >= (2, 1
 def _autocast_out_dtype(x: torch.Tensor, casting_mode: str) -> torch.dtype | None:
     if casting_mode != "torch" or x.dtype == torch.float64:  # float64 is never autocast
         return None
-    return AUTOCAST.dtype_for("cuda" if x.is_cuda else x.device.type)
+    return AUTOCAST.dtype_for("cuda" if x.is_cuda else "cpu")  # checked: CUDA or the CPU
 
 
 def _check_dense(t: torch.Tensor | None, name: str) -> None:
@@ -405,10 +408,30 @@ def _check_real(value, name: str) -> float:
     return float(value)
 
 
+def _checked(x, residual, normalized_shape, weight, eps, weight_offset, casting_mode,
+             check_residual: bool) -> tuple[int, float, float]:
+    """``(norm_ndim, eps, weight_offset)`` as the op takes them, from :func:`_check_arguments`
+    once per call signature."""
+    return _CALLS.checked(_call_key, _check_arguments, x, residual, normalized_shape, weight, eps,
+                          weight_offset, casting_mode, check_residual)
+
+
+def _call_key(x, residual, normalized_shape, weight, eps, weight_offset, casting_mode,
+              check_residual):
+    """Everything the checks read."""
+    return (layout_key(x), layout_key(residual) if check_residual else check_residual,
+            shape_key(normalized_shape), layout_key(weight), eps, type(eps), weight_offset,
+            type(weight_offset), casting_mode)
+
+
+#: rms_norm's and add_rms_norm's checked call signatures -> :func:`_checked`'s result.
+_CALLS = SignatureCache()
+
+
 def _check_arguments(x, residual, normalized_shape, weight, eps, weight_offset, casting_mode,
-                     check_residual: bool):
-    """Every argument checked before anything launches; ``(normalized shape, eps,
-    weight_offset)`` as the op takes them."""
+                     check_residual: bool) -> tuple[int, float, float]:
+    """Every argument checked before anything launches; ``(norm_ndim, eps, weight_offset)``
+    as the op takes them."""
     runtime.check_tensor(x, "x", dtypes=FLOAT_DTYPES_WITH_FP64)
     _check_dense(x, "x")
     if check_residual:
@@ -418,12 +441,12 @@ def _check_arguments(x, residual, normalized_shape, weight, eps, weight_offset, 
             raise ValueError(f"residual must have the shape of x {tuple(x.shape)}, got "
                              f"{tuple(residual.shape)}")
         runtime.check_same_dtype(x=x, residual=residual)
-    shape = _check_normalized_shape(normalized_shape, x)
-    _check_param(weight, "weight", shape)
+    shape = check_normalized_shape(normalized_shape, x)
+    check_norm_param(weight, "weight", shape)
     _check_dense(weight, "weight")
     runtime.check_same_device(x=x, residual=residual, weight=weight)
     if eps is None:  # as torch: the epsilon of the arithmetic type (fp32 for fp16/bf16 rows)
-        eps = torch.finfo(_stats_dtype(x.dtype)).eps
+        eps = torch.finfo(stats_dtype(x.dtype)).eps
     eps = _check_real(eps, "eps")
     if not eps >= 0:
         raise ValueError(f"eps must be >= 0, got {eps}")
@@ -435,7 +458,7 @@ def _check_arguments(x, residual, normalized_shape, weight, eps, weight_offset, 
     if casting_mode not in CASTING_MODES:
         raise ValueError(f"casting_mode must be one of {list(CASTING_MODES)}, got "
                          f"{casting_mode!r}")
-    return shape, eps, weight_offset
+    return len(shape), eps, weight_offset
 
 
 def rms_norm(
@@ -455,9 +478,9 @@ def rms_norm(
     ``weight_offset`` scales by ``weight_offset + weight`` (Gemma's ``1 + weight`` with 1.0; it
     shifts a weight, so without one it has nothing to shift). ``casting_mode`` ``"llama"`` or
     ``"gemma"`` rounds as transformers' LlamaRMSNorm or GemmaRMSNorm does (module docstring)."""
-    shape, eps, weight_offset = _check_arguments(x, None, normalized_shape, weight, eps,
-                                                 weight_offset, casting_mode, False)
-    y, _, _ = rms_norm_forward(x, None, weight, len(shape), eps, weight_offset, casting_mode,
+    norm_ndim, eps, weight_offset = _checked(x, None, normalized_shape, weight, eps,
+                                             weight_offset, casting_mode, False)
+    y, _, _ = rms_norm_forward(x, None, weight, norm_ndim, eps, weight_offset, casting_mode,
                                _autocast_out_dtype(x, casting_mode))
     return y
 
@@ -478,8 +501,8 @@ def add_rms_norm(
     ``residual`` through both outputs. Arguments otherwise as :func:`rms_norm`'s; under autocast
     the sum keeps ``x``'s dtype (an add is on no autocast list) while the norm follows
     ``F.rms_norm``."""
-    shape, eps, weight_offset = _check_arguments(x, residual, normalized_shape, weight, eps,
-                                                 weight_offset, casting_mode, True)
-    y, total, _ = rms_norm_forward(x, residual, weight, len(shape), eps, weight_offset,
+    norm_ndim, eps, weight_offset = _checked(x, residual, normalized_shape, weight, eps,
+                                             weight_offset, casting_mode, True)
+    y, total, _ = rms_norm_forward(x, residual, weight, norm_ndim, eps, weight_offset,
                                    casting_mode, _autocast_out_dtype(x, casting_mode))
     return y, total

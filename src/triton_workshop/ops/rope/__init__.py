@@ -23,6 +23,7 @@ import torch
 
 from ... import runtime
 from ...runtime import FLOAT_DTYPES, LaunchPlan, num_warps_for, plan_cache, register_op
+from .._common import SignatureCache, layout_key
 from .kernels import rope_kernel
 
 
@@ -101,7 +102,10 @@ def _out_dtype(x: torch.Tensor, q: torch.Tensor, cos: torch.Tensor, sin: torch.T
     Cohere's casts back to q's dtype."""
     if CONVENTIONS[convention].in_q_dtype:
         return q.dtype
-    return torch.promote_types(torch.promote_types(x.dtype, cos.dtype), sin.dtype)
+    dtype = x.dtype
+    if dtype is cos.dtype and dtype is sin.dtype:  # the usual case, without promote_types
+        return dtype
+    return torch.promote_types(torch.promote_types(dtype, cos.dtype), sin.dtype)
 
 
 @plan_cache()
@@ -125,18 +129,45 @@ def _plan(n_tokens: int, seq_len: int, n_q_heads: int, n_k_heads: int, head_dim:
 def _rotate(q, k, cos, sin, q_out, k_out, unsqueeze_dim: int, convention: str,
             backward: bool) -> None:
     """Launch the kernel: ``q_out``, ``k_out`` = q, k rotated (``backward``: rotated back)."""
+    try:  # every shape and stride the launch reads, and the dtypes: one lookup per call
+        key = (q.shape, q.stride(), k.shape, k.stride(), cos.shape, cos.stride(), sin.stride(),
+               q_out.stride(), k_out.stride(), q.dtype, k.dtype, cos.dtype, sin.dtype,
+               q_out.dtype, k_out.dtype, unsqueeze_dim, convention, backward, TUNING)
+        plan = _LAUNCHES.get(key, _NO_PLAN)
+    except TypeError:  # symbolic sizes (torch.compile with dynamic shapes): worked out uncached
+        key, plan = None, _NO_PLAN
+    if plan is _NO_PLAN:
+        plan = _LAUNCHES.remember(key, _layout_plan(q, k, cos, sin, q_out, k_out, unsqueeze_dim,
+                                                    convention, backward))
+    if plan is None:  # nothing to rotate
+        return
+    # The (batch, token, head, lane) views of _layout_plan start where the tensors start: the
+    # kernel gets the tensors themselves and the views' strides (in the plan).
+    with runtime.device_guard(q):
+        plan.launch(q, k, cos, sin, q_out, k_out)
+
+
+#: _rotate's launch plans by every layout they were worked out from (None: nothing to launch).
+_LAUNCHES = SignatureCache()
+_NO_PLAN = object()
+
+
+def _layout_plan(q, k, cos, sin, q_out, k_out, unsqueeze_dim: int, convention: str,
+                 backward: bool) -> LaunchPlan | None:
+    """The launch for these tensors' layouts: the operands viewed as (batch, token, head, lane)
+    and cos/sin as (batch, token, column), their strides the kernel's arguments. Every view
+    starts at its tensor's first element (moved and unsqueezed dims, a broadcast dim indexed at
+    0), so the launch can take the tensors themselves."""
     head = _head_index(q.dim(), cos.dim(), unsqueeze_dim)
     views = [_as_tokens_heads(t, head) for t in (q, k, q_out, k_out)]
     batch, seq_len, n_q_heads, head_dim = views[0].shape
     if batch * seq_len == 0 or head_dim == 0:
-        return
+        return None
     cos_v, sin_v = (_as_tokens(t, q.shape, head, unsqueeze_dim) for t in (cos, sin))
     strides = tuple(s for v in (*views, cos_v, sin_v) for s in v.stride())
-    plan = _plan(batch * seq_len, seq_len, n_q_heads, views[1].shape[2], head_dim,
+    return _plan(batch * seq_len, seq_len, n_q_heads, views[1].shape[2], head_dim,
                  CONVENTIONS[convention].rot_dim(cos.shape[-1]), strides, convention, backward,
                  tuple(t.dtype for t in (q, k, cos, sin, q_out, k_out)), TUNING)
-    with runtime.device_guard(q):
-        plan.launch(views[0], views[1], cos_v, sin_v, views[2], views[3])
 
 
 # --------------------------------------------------------------------------------------------
@@ -176,9 +207,18 @@ def rope_backward(dq_out: torch.Tensor, dk_out: torch.Tensor, cos: torch.Tensor,
                   sin: torch.Tensor, unsqueeze_dim: int, convention: str, q_dtype: torch.dtype,
                   k_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """``(dq, dk)``: the outputs' gradients rotated back (by ``-sin``), in q's and k's dtypes."""
+    return _rotate_back(dq_out, dk_out, cos, sin, unsqueeze_dim, convention, q_dtype, k_dtype)
+
+
+def _rotate_back(dq_out, dk_out, cos, sin, unsqueeze_dim, convention, q_dtype, k_dtype):
     dq, dk = _rope_grads(dq_out, dk_out, q_dtype, k_dtype)
     _rotate(dq_out, dk_out, cos, sin, dq, dk, unsqueeze_dim, convention, backward=True)
     return dq, dk
+
+
+#: The backward's launch for an eager autograd backward: no registered op's dispatch between
+#: autograd and the launch (its launch plan is looked up by the gradients' layouts in _rotate).
+_rotate_back_directly = runtime.launch_directly(_rotate_back)
 
 
 def _rope_setup_context(ctx, inputs, output):
@@ -195,8 +235,9 @@ def _rope_backward_autograd(ctx, dq_out, dk_out):
     need_q, need_k, need_cos, need_sin = ctx.needs_input_grad[:4]
     dq = dk = dcos = dsin = None
     if need_q or need_k:
-        dq, dk = rope_backward(dq_out, dk_out, cos, sin, ctx.unsqueeze_dim, ctx.convention,
-                               ctx.q_dtype, ctx.k_dtype)
+        backward = _rotate_back_directly if runtime.eager_backward() else rope_backward
+        dq, dk = backward(dq_out, dk_out, cos, sin, ctx.unsqueeze_dim, ctx.convention,
+                          ctx.q_dtype, ctx.k_dtype)
     if need_cos or need_sin:
         dcos, dsin = _cos_sin_grads((dq_out, dk_out), (q, k), cos, sin, ctx.unsqueeze_dim,
                                     ctx.convention)
@@ -239,7 +280,8 @@ def _cos_sin_grads(grads, inputs, cos, sin, unsqueeze_dim, convention):
 # --------------------------------------------------------------------------------------------
 # Public function.
 # --------------------------------------------------------------------------------------------
-def _check_args(q, k, cos, sin, unsqueeze_dim, convention) -> None:
+def _check_args(q, k, cos, sin, unsqueeze_dim, convention) -> int:
+    """Every argument checked before anything launches; ``unsqueeze_dim`` as an int."""
     for name, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
         runtime.check_tensor(t, name, dtypes=FLOAT_DTYPES)
     runtime.check_same_device(q=q, k=k, cos=cos, sin=sin)
@@ -299,6 +341,7 @@ def _check_args(q, k, cos, sin, unsqueeze_dim, convention) -> None:
     if conv.interleaved and rot_dim % 2:
         raise ValueError(f"convention {convention!r} rotates lane pairs: cos and sin must have "
                          f"an even width, got {cos.shape[-1]}")
+    return unsqueeze_dim
 
 
 def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *,
@@ -320,5 +363,16 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     in the output dtype: the results agree to an ulp or two of fp16/bf16). Differentiable: the
     gradient of q and k is the rotation by ``-sin``; cos and sin get theirs too where they
     require one. Traceable by ``torch.compile``."""
-    _check_args(q, k, cos, sin, unsqueeze_dim, convention)
-    return rope_forward(q, k, cos, sin, operator.index(unsqueeze_dim), convention)
+    unsqueeze_dim = _CALLS.checked(_call_key, _check_args, q, k, cos, sin, unsqueeze_dim,
+                                   convention)
+    return rope_forward(q, k, cos, sin, unsqueeze_dim, convention)
+
+
+def _call_key(q, k, cos, sin, unsqueeze_dim, convention):
+    """Everything the checks read."""
+    return (layout_key(q), layout_key(k), layout_key(cos), layout_key(sin), unsqueeze_dim,
+            type(unsqueeze_dim), convention)
+
+
+#: rope's checked call signatures -> ``unsqueeze_dim`` as the op takes it (an int).
+_CALLS = SignatureCache()

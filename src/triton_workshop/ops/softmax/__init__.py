@@ -16,7 +16,12 @@ import torch
 
 from ... import runtime
 from ...runtime import LaunchPlan, acc_dtype, chunk_tile, plan_cache, register_op, row_tile
-from .._common import FLOAT_DTYPES_WITH_FP64, normalize_dim
+from .._common import (
+    FLOAT_DTYPES_WITH_FP64,
+    SignatureCache,
+    layout_key,
+    normalize_dim,
+)
 from .kernels import (
     softmax_bwd_kernel,
     softmax_bwd_online_kernel,
@@ -205,8 +210,20 @@ softmax_forward.register_autograd(_softmax_backward_autograd, setup_context=_sof
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """``torch.softmax(x, dim)`` in Triton: fp16/bf16/fp32 (fp32 arithmetic) and fp64, any dim,
     any strides, differentiable (a Triton backward), and traceable by ``torch.compile``."""
-    runtime.check_tensor(x, "x", dtypes=FLOAT_DTYPES_WITH_FP64)
-    dim = normalize_dim(dim, x.dim())
+    dim = _CALLS.checked(_call_key, _check_args, x, dim)
     if x.dim() == 0:  # one element, softmax 1 (NaN for -inf/NaN): the 1-element row of PyTorch
         return softmax_forward(x.reshape(1), 0).reshape(())
     return softmax_forward(x, dim)
+
+
+#: softmax's checked call signatures -> ``dim``, made non-negative.
+_CALLS = SignatureCache()
+
+
+def _call_key(x, dim):
+    return layout_key(x), dim, type(dim)
+
+
+def _check_args(x, dim) -> int:
+    runtime.check_tensor(x, "x", dtypes=FLOAT_DTYPES_WITH_FP64)
+    return normalize_dim(dim, x.dim())
