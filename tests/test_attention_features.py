@@ -441,8 +441,8 @@ def test_varlen_equals_batched_attention(small_tiles):
 def dropout_mask_of(seed: int, shape, p):
     """The mask a call made right after ``torch.manual_seed(seed)`` drew (True = kept)."""
     torch.manual_seed(seed)
-    philox_seed = attention_module._dropout_seed(torch.device(DEVICE))
-    return attention_module._dropout_keep_mask(philox_seed, shape, p)
+    philox_seed = attention_module.dropout_seed(torch.device(DEVICE))
+    return attention_module.dropout_keep_mask(philox_seed, shape, p)
 
 
 def test_dropout_repeats_with_the_seed(small_tiles):

@@ -110,7 +110,8 @@ def test_gpt2_patch_model(attention_calls):
         counts = hf.patch_model(model)
     assert {k: v for k, v in counts.items() if v} == {
         "layer_norm": 5, "attention": 2, "conv1d": 2, "cross_entropy": 1}  # fmt: skip
-    assert counts.fused == {"layer_norm_linear": 0, "linear_activation": 2}  # the MLPs' GELUs
+    assert counts.fused == {"layer_norm_linear": 0, "linear_activation": 2,
+                            "linear_dropout": 0}  # the MLPs' GELUs
     # c_attn, c_proj (x2 layers) and lm_head: plain matmuls, left to cuBLAS by the linear= rule
     assert sorted(s.name for s in counts.skipped if s.policy) == sorted(
         [f"transformer.h.{i}.{m}" for i in (0, 1) for m in ("attn.c_attn", "attn.c_proj",

@@ -702,13 +702,14 @@ def matmul_counts(M, N, K, linear=False):
         b = torch.empty(K, -(-N // 16) * 16, dtype=torch.float16, device="meta")[:, :N]
     out = torch.empty(M, N, dtype=torch.float16, device="meta")
     assert mm._is_aligned(a) and mm._is_aligned(b)  # what _aligned hands the kernel
-    args = dict(a_ptr="*fp16", b_ptr="*fp16", c_ptr="*fp16", bias_ptr="*fp16", M=M, N=N, K=K,
+    args = dict(a_ptr="*fp16", b_ptr="*fp16", c_ptr="*fp16", bias_ptr="*fp16", seed_ptr="*i64",
+                M=M, N=N, K=K,
                 stride_ab=0, stride_am=a.stride(0), stride_ak=a.stride(1),
                 stride_bb=0, stride_bk=b.stride(0), stride_bn=b.stride(1),
                 stride_cb=0, stride_cm=out.stride(0), stride_cn=out.stride(1), stride_bias=1,
-                slope=0.01, M_BUCKET=8192, N_BUCKET=8192, K_BUCKET=8192)
+                slope=0.01, dropout_p=0.0, M_BUCKET=8192, N_BUCKET=8192, K_BUCKET=8192)
     config = mm.CONFIGS[0]
-    constexprs = dict(HAS_BIAS=linear, ACTIVATION="none", INPUT_PRECISION="ieee",
+    constexprs = dict(HAS_BIAS=linear, ACTIVATION="none", DROPOUT=False, INPUT_PRECISION="ieee",
                       DOT_IN_FP32=False,
                       A_M_GRAIN=mm._grain(a, -2), A_K_GRAIN=mm._grain(a, -1),
                       B_K_GRAIN=mm._grain(b, -2), B_N_GRAIN=mm._grain(b, -1),

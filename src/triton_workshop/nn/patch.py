@@ -22,13 +22,19 @@ in-projection, no ``add_bias_kv`` /       attention, and torch's computation for
 ========================================  ===========================================
 
 and, inside a plain ``nn.Sequential`` (whose forward feeds each module's output to the next one
-only), adjacent pairs run fused: ``Linear`` then ``ReLU`` / ``LeakyReLU`` / ``GELU(approximate=
+only), adjacent modules run fused: ``Linear`` then ``ReLU`` / ``LeakyReLU`` / ``GELU(approximate=
 "tanh")`` as one matmul with the activation in its epilogue (the pre-activations never go to
-memory), and ``LayerNorm`` then ``Linear`` (not followed by an activation) as
-:func:`~triton_workshop.layer_norm_linear` (counted in the result's ``fused``; linear+activation
-wins where both could apply). The modules themselves stay separate (each is a
-correct drop-in when called alone, and the state_dict keeps its keys); the Sequential decides at
-each call, and runs them one by one when a hook sits on either.
+memory); ``Linear`` [then such an activation] then ``nn.Dropout`` as one matmul with the
+activation and the dropout in its epilogue (:func:`~triton_workshop.linear`'s ``dropout_p``: no
+separate pass over the output, no mask kept for the backward), while the Dropout is in training
+mode; in eval mode it is the identity and the Linear runs with its activation alone; and
+``LayerNorm`` then ``Linear`` (not followed by an activation or a training Dropout) as
+:func:`~triton_workshop.layer_norm_linear`. Linear+activation(+dropout) wins where both could
+apply. Counted in the result's ``fused``: ``linear_activation``, ``linear_dropout`` (a chain that
+ends in a Dropout, with or without an activation: what runs fused while training) and
+``layer_norm_linear``. The modules themselves stay separate (each is a correct drop-in when called
+alone, and the state_dict keeps its keys); the Sequential decides at each call, and runs them one
+by one when a hook sits on any of them.
 
 **Which Linears.** A module is swapped where a fusion removes work or where the Triton kernel is
 the faster one: norms, convolutions and attention always; a ``Linear`` only where something runs
@@ -86,8 +92,9 @@ from .conv import Conv2d
 
 #: The keys of the counts ``patch`` returns, always all present: modules swapped, per kind.
 COUNT_KEYS = ("layer_norm", "rms_norm", "linear", "conv2d", "attention")
-#: The keys of ``PatchCounts.fused``: pairs that run fused inside a Sequential, per fusion.
-FUSION_KEYS = ("layer_norm_linear", "linear_activation")
+#: The keys of ``PatchCounts.fused``: chains that run fused inside a Sequential, per fusion
+#: (``linear_dropout``: Linear → [activation] → Dropout, fused while the Dropout trains).
+FUSION_KEYS = ("layer_norm_linear", "linear_activation", "linear_dropout")
 
 _FLOAT_DTYPES = runtime.FLOAT_DTYPES
 
@@ -129,8 +136,8 @@ class Skipped:
 
 class PatchCounts(dict):
     """``dict[str, int]``: modules swapped per kind (:data:`COUNT_KEYS`). Two attributes say
-    more: ``fused``, the adjacent pairs that run fused inside Sequentials (:data:`FUSION_KEYS`;
-    each module of a pair is also counted as swapped), and ``skipped``, the list of
+    more: ``fused``, the adjacent chains that run fused inside Sequentials (:data:`FUSION_KEYS`;
+    each swapped module of a chain is also counted as swapped), and ``skipped``, the list of
     :class:`Skipped` modules (also said in a :class:`PatchWarning`)."""
 
     def __init__(self, *args, **kwargs) -> None:
@@ -202,9 +209,10 @@ class PatchedMultiheadAttention(tw.MultiheadAttention):
 
 
 class FusedSequential(nn.Sequential):
-    """``nn.Sequential`` that runs adjacent ``Linear`` → activation and ``LayerNorm`` → ``Linear``
-    pairs of triton-workshop modules as one fused op (see the module docstring). Anything else,
-    and any pair with a hook on either module, runs module by module as ``nn.Sequential``."""
+    """``nn.Sequential`` that runs adjacent ``Linear`` → [activation] → [``Dropout``] and
+    ``LayerNorm`` → ``Linear`` chains of triton-workshop modules as one fused op (see the module
+    docstring). Anything else, and any chain with a hook on one of its modules, runs module by
+    module as ``nn.Sequential``."""
 
     def forward(self, input):
         steps = list(self._modules.values())
@@ -213,12 +221,16 @@ class FusedSequential(nn.Sequential):
             module = steps[i]
             after = steps[i + 1] if i + 1 < len(steps) else None
             after_next = steps[i + 2] if i + 2 < len(steps) else None
-            fusion = _fusion(_runtime_kind(module), _runtime_kind(after), _runtime_kind(after_next))
-            if fusion == "linear_activation":
-                activation, slope = _ACTIVATIONS[type(after)](after)
+            kinds = (_runtime_kind(module), _runtime_kind(after), _runtime_kind(after_next))
+            fusion = _fusion(*kinds)
+            if fusion in ("linear_activation", "linear_dropout"):
+                activation, slope = (_ACTIVATIONS[type(after)](after)
+                                     if kinds[1] == "activation" else (None, 0.01))
+                length = _chain_length(fusion, kinds[1])
+                dropout_p = float(steps[i + length - 1].p) if fusion == "linear_dropout" else 0.0
                 input = linear_op(input, module.weight, module.bias, activation,
-                                  leaky_relu_slope=slope)
-                i += 2
+                                  leaky_relu_slope=slope, dropout_p=dropout_p)
+                i += length
             elif fusion == "layer_norm_linear" and module.normalized_shape == (after.in_features,):
                 input = layer_norm_linear(input, module.weight, module.bias, after.weight,
                                           after.bias, module.eps)
@@ -251,12 +263,24 @@ def has_hooks(module: nn.Module) -> bool:
     )  # fmt: skip
 
 
+def _dropout_kind(module, planning: bool = False) -> str | None:
+    """"dropout" for an ``nn.Dropout`` (exactly: its subclasses and the other dropouts draw other
+    masks) that the matmul epilogue can take: 0 < p < 1, and training (when ``planning``, in
+    either mode: the model may train later)."""
+    if type(module) is not nn.Dropout or not 0.0 < module.p < 1.0:
+        return None
+    return "dropout" if planning or module.training else None
+
+
 def _runtime_kind(module) -> str | None:
     """The part a module can play in a fusion now: "layer_norm", "linear" (no activation of its
-    own), "activation" (one the matmul epilogue computes), or None."""
+    own), "activation" (one the matmul epilogue computes), "dropout" (a training one, see
+    :func:`_dropout_kind`), or None."""
     if module is None or has_hooks(module):
         return None
     cls = type(module)
+    if cls is nn.Dropout:
+        return _dropout_kind(module)
     if cls is tw.LayerNorm:
         return "layer_norm" if len(module.normalized_shape) == 1 else None
     if cls is tw.Linear:
@@ -268,13 +292,23 @@ def _runtime_kind(module) -> str | None:
 
 def _fusion(kind: str | None, next_kind: str | None, kind_after: str | None) -> str | None:
     """Which fusion starts at a module of ``kind`` followed by ``next_kind`` then ``kind_after``.
-    Linear → activation wins over LayerNorm → Linear: it saves the wider tensor (the MLP's
-    4·E activations, written and read twice) and ``layer_norm_linear`` has no activation."""
+    Linear → activation (→ dropout) wins over LayerNorm → Linear: it saves the wider tensor
+    (the MLP's 4·E activations, written and read twice, and dropout's pass and mask) and
+    ``layer_norm_linear`` has no epilogue beyond the bias."""
+    if kind == "linear" and (next_kind == "dropout"
+                             or (next_kind == "activation" and kind_after == "dropout")):
+        return "linear_dropout"
     if kind == "linear" and next_kind == "activation":
         return "linear_activation"
-    if kind == "layer_norm" and next_kind == "linear" and kind_after != "activation":
+    if kind == "layer_norm" and next_kind == "linear" and kind_after not in ("activation",
+                                                                             "dropout"):
         return "layer_norm_linear"
     return None
+
+
+def _chain_length(fusion: str, next_kind: str | None) -> int:
+    """How many modules the fusion starting here takes: 3 for Linear → activation → Dropout."""
+    return 3 if fusion == "linear_dropout" and next_kind == "activation" else 2
 
 
 # --------------------------------------------------------------------------------------------
@@ -576,7 +610,7 @@ def _layout_mismatch(module: nn.Module, template: nn.Module) -> str | None:
 
 
 def _plan_sequentials(model: nn.Module, plan: Plan) -> set[int]:
-    """Plan the Sequentials that fuse; returns the ids of the modules in a fused pair."""
+    """Plan the Sequentials that fuse; returns the ids of the modules in a fused chain."""
     in_pairs: set[int] = set()
     becomes = {id(target): type(template) for target, template, _, _ in plan.swaps}
 
@@ -585,7 +619,7 @@ def _plan_sequentials(model: nn.Module, plan: Plan) -> set[int]:
             return None
         cls = becomes.get(id(module))
         if cls is None:
-            return _runtime_kind(module)
+            return _dropout_kind(module, planning=True) or _runtime_kind(module)
         if cls is tw.LayerNorm:
             return "layer_norm" if len(module.normalized_shape) == 1 else None
         if cls is tw.Linear:
@@ -611,9 +645,10 @@ def _plan_sequentials(model: nn.Module, plan: Plan) -> set[int]:
             # Counted when this patch makes it happen (patching twice counts nothing new).
             if type(module) is nn.Sequential or id(steps[i]) in becomes or id(steps[i + 1]) in becomes:
                 plan.counts.fused[fusion] += 1
-            in_pairs.update((id(steps[i]), id(steps[i + 1])))
+            length = _chain_length(fusion, kinds[1])
+            in_pairs.update(id(step) for step in steps[i:i + length])
             fused = True
-            i += 2
+            i += length
         if fused and type(module) is nn.Sequential:
             plan.sequentials.append(module)
     return in_pairs

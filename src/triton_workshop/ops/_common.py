@@ -172,3 +172,11 @@ def check_norm_param(t, name: str, shape: tuple[int, ...]) -> None:
     runtime.check_tensor(t, name, dtypes=FLOAT_DTYPES_WITH_FP64)
     if tuple(t.shape) != shape:
         raise ValueError(f"{name} must have shape normalized_shape {shape}, got {tuple(t.shape)}")
+
+
+def dropout_seed(device: torch.device) -> torch.Tensor:
+    """A Philox seed for one call's dropout mask, drawn from torch's default generator of
+    ``device`` (the CUDA generator on a GPU), so that ``torch.manual_seed`` repeats a run. One
+    int64 on the device: the kernels read it there (no host sync, traceable). Shared by every
+    kernel with dropout (attention, linear's epilogue)."""
+    return torch.randint(0, 2**62, (1,), dtype=torch.int64, device=device)

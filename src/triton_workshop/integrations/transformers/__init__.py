@@ -42,7 +42,9 @@ its config) computes as before. What it changes, each counted under its kind:
 * ``attention``: the attention modules on ``attn_implementation="triton_workshop"``.
 * ``layer_norm``, ``linear``, ``conv2d`` as :func:`triton_workshop.nn.patch` (same ``linear=``
   rule: a plain Linear stays on cuBLAS unless ``linear="always"``), and ``conv1d``: GPT-2's
-  ``Conv1D`` through :func:`triton_workshop.linear`, the MLP's GELU fused into ``c_fc``.
+  ``Conv1D`` through :func:`triton_workshop.linear`, the MLP's GELU fused into ``c_fc``, and the
+  residual dropouts (``resid_pdrop > 0``) of the MLP and the attention into their ``c_proj``'s
+  epilogue while the model trains (``fused["linear_dropout"]``).
 
 Modules recognised by what their code computes (:mod:`.families`); a module of a kind asked for
 that cannot be taken is listed in the result's ``skipped`` and a ``PatchWarning``; in place, the
@@ -87,7 +89,7 @@ from ...nn.patch import (
 )
 from ...ops import attention as attention_ops
 from ...ops.attention import MAX_HEAD_DIM, attention
-from ...ops.matmul import check_activation
+from ...ops.matmul import check_activation, check_dropout_p
 from ...ops.matmul import linear as linear_op
 from . import families, loss
 
@@ -306,18 +308,24 @@ class Conv1D(HFConv1D):
     """transformers' ``Conv1D`` (``y = x @ weight + bias``, weight (nx, nf)) computed by
     :func:`triton_workshop.linear` on the weight read transposed in place (no copy), with an
     optional fused activation (``None``, ``"relu"``, ``"leaky_relu"``, ``"gelu"``: tanh
-    approximation). A subclass of transformers' class, so its ``isinstance`` checks hold."""
+    approximation) and, while training, dropout with probability ``dropout_p`` after it (the
+    ``nn.Dropout`` that followed the module, run in its epilogue). A subclass of transformers'
+    class, so its ``isinstance`` checks hold."""
 
-    def __init__(self, nf: int, nx: int, activation: str | None = None) -> None:
+    def __init__(self, nf: int, nx: int, activation: str | None = None,
+                 dropout_p: float = 0.0) -> None:
         check_activation(activation, 0.01)
         super().__init__(nf, nx)
         self.activation = activation
+        self.dropout_p = check_dropout_p(dropout_p)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear_op(x, self.weight.t(), self.bias, self.activation)
+        return linear_op(x, self.weight.t(), self.bias, self.activation,
+                         dropout_p=self.dropout_p if self.training else 0.0)
 
     def __repr__(self) -> str:
         extra = f", activation={self.activation!r}" if self.activation else ""
+        extra += f", dropout_p={self.dropout_p}" if self.dropout_p else ""
         return f"Conv1D(nf={self.nf}, nx={self.nx}{extra}) [triton-workshop]"
 
 
@@ -356,37 +364,73 @@ def _gelu_fusible(mlp: nn.Module, gpt2_forward) -> bool:
     )
 
 
+def _gpt2_residual_dropouts() -> dict:
+    """GPT-2's MLP and attention forwards, each to the name of the ``nn.Dropout`` it applies to
+    its ``c_proj``'s output and to nothing else: ``dropout(c_proj(h))`` ends both."""
+    try:
+        from transformers.models.gpt2.modeling_gpt2 import GPT2MLP, GPT2Attention
+    except ImportError:  # pragma: no cover
+        return {}
+    return {GPT2MLP.forward: "dropout", GPT2Attention.forward: "resid_dropout"}
+
+
+def _dropout_fusible(module: nn.Module, forwards: dict) -> str | None:
+    """The name of the Dropout that can run in ``module.c_proj``'s epilogue (see
+    :func:`_gpt2_residual_dropouts`): a plain ``nn.Dropout`` with 0 < p < 1, no hooks; or None."""
+    name = forwards.get(getattr(type(module), "forward", None))
+    if name is None or families.forward_replaced(module):
+        return None
+    c_proj, dropout = getattr(module, "c_proj", None), getattr(module, name, None)
+    if type(c_proj) is not HFConv1D or type(dropout) is not nn.Dropout:
+        return None
+    if has_hooks(c_proj) or has_hooks(dropout) or not 0.0 < dropout.p < 1.0:
+        return None
+    return name
+
+
 def _conv1d_claim(policy: str, enabled: bool):
     """The ``extra`` of :func:`~triton_workshop.nn.patch.plan_patch`: GPT-2's Conv1D, and the
     modules with a class from a previous patch_model (left alone); also returns the MLPs whose
-    GELU runs in their c_fc (filled as the modules are seen)."""
+    GELU runs in their c_fc, and the (module, name) of the Dropouts that run in a c_proj, by the
+    id of that Conv1D (filled as the modules are seen)."""
     gpt2_forward = _gpt2_mlp_forward()
+    residual_dropouts = _gpt2_residual_dropouts()
     gelu_into: dict[int, nn.Module] = {}  # id(c_fc) -> its MLP
+    dropout_into: dict[int, tuple[nn.Module, str]] = {}  # id(c_proj) -> (its module, dropout)
 
     def claim(name: str, module: nn.Module):
         if families.patched_kind(module) is not None:
             return None, None, None  # patch_model's own per-instance class: leave it
         if not enabled:
             return None
+        # An MLP or attention module itself stays; its Conv1Ds come next in named_modules().
+        dropout = _dropout_fusible(module, residual_dropouts)
+        if dropout is not None:
+            dropout_into[id(module.c_proj)] = (module, dropout)
         if _gelu_fusible(module, gpt2_forward):
             gelu_into[id(module.c_fc)] = module
-            return None  # the MLP itself stays; its c_fc comes next in named_modules()
         if type(module) is not HFConv1D:
             if isinstance(module, HFConv1D) and not isinstance(module, Conv1D):
                 return "conv1d", None, f"{type(module).__qualname__} is a subclass of Conv1D"
             return None
         fused = id(module) in gelu_into
-        if not fused and policy != "always":
+        owner = dropout_into.get(id(module))
+        if not fused and owner is None and policy != "always":
             return "conv1d", None, UNFUSED_LINEAR
         dtype, reason = dtype_device(module)
         reason = reason or dtype_reason(dtype)
         if reason:
             return "conv1d", None, reason
+        dropout_p = 0.0
+        if owner is not None:
+            owner_module, dropout_name = owner
+            dropout_p = getattr(owner_module, dropout_name).p
         with torch.device("meta"):
-            template = Conv1D(module.nf, module.nx, activation="gelu" if fused else None)
+            template = Conv1D(module.nf, module.nx, activation="gelu" if fused else None,
+                              dropout_p=dropout_p)
         return "conv1d", [(module, template)], None
 
-    return claim, gelu_into
+    return claim, gelu_into, dropout_into
 
 
 # --------------------------------------------------------------------------------------------
@@ -522,7 +566,8 @@ def patch_model(
     :func:`triton_workshop.nn.patch` plus ``conv1d``, ``rope``, ``swiglu``, ``geglu`` and
     ``cross_entropy``; ``attention`` counts the attention modules now on
     ``attn_implementation="triton_workshop"``; ``fused["linear_activation"]`` counts the GELUs
-    fused into a Conv1D. ``linear`` as in ``nn.patch``: ``True``/``"fused"`` (default),
+    fused into a Conv1D, ``fused["linear_dropout"]`` the residual dropouts (GPT-2's, p > 0)
+    fused into one (applied while the model trains). ``linear`` as in ``nn.patch``: ``True``/``"fused"`` (default),
     ``"always"``, ``False``/``"never"``; it also rules GPT-2's Conv1D. Modules left as they were
     are in the result's ``skipped`` list (and, unless left by the ``linear`` rule, in a
     :class:`~triton_workshop.nn.patch.PatchWarning`)."""
@@ -534,7 +579,7 @@ def patch_model(
     }  # fmt: skip
     policy = linear_policy(linear)
     register()
-    claim, gelu_into = _conv1d_claim(policy, flags["conv1d"])
+    claim, gelu_into, dropout_into = _conv1d_claim(policy, flags["conv1d"])
     kinds = [k for k in ("layer_norm", "rms_norm", "conv2d") if flags[k]]
     if policy != "never":
         kinds.append("linear")
@@ -550,6 +595,11 @@ def patch_model(
         if getattr(swapped.get(fc_id), "activation", None) == "gelu"
     ]  # fmt: skip
     plan.counts.fused["linear_activation"] += len(fused_mlps)
+    fused_dropouts = [
+        owner for c_proj_id, owner in dropout_into.items()
+        if getattr(swapped.get(c_proj_id), "dropout_p", 0.0) > 0
+    ]  # fmt: skip
+    plan.counts.fused["linear_dropout"] += len(fused_dropouts)
 
     changes = []
     for name, module in model.named_modules():
@@ -570,6 +620,8 @@ def patch_model(
     counts = apply_plan(plan)
     for mlp_module in fused_mlps:
         mlp_module.act = nn.Identity()  # c_fc applies it now
+    for owner, dropout in fused_dropouts:
+        setattr(owner, dropout, nn.Identity())  # c_proj applies it now, while training
     for change in changes:
         change()
     warn_if_interpreted(bool(changes) or counts["attention"] > 0, stacklevel=3)

@@ -22,6 +22,7 @@ import triton
 
 from ... import runtime
 from ...runtime import FLOAT_DTYPES, register_op, wrap_triton
+from .._common import dropout_seed
 from .kernels import (
     DKDV_CONFIGS,
     DQ_CONFIGS,
@@ -410,14 +411,7 @@ attention_forward.register_autograd(_attention_backward, setup_context=_attentio
 # --------------------------------------------------------------------------------------------
 # Dropout's random numbers.
 # --------------------------------------------------------------------------------------------
-def _dropout_seed(device: torch.device) -> torch.Tensor:
-    """A Philox seed for one call's dropout mask, drawn from torch's default generator of
-    ``device`` (the CUDA generator on a GPU), so that ``torch.manual_seed`` repeats a run. One
-    int64 on the device: the kernels read it there (no host sync, traceable)."""
-    return torch.randint(0, 2**62, (1,), dtype=torch.int64, device=device)
-
-
-def _dropout_keep_mask(seed: torch.Tensor, shape: tuple, dropout_p: float) -> torch.Tensor:
+def dropout_keep_mask(seed: torch.Tensor, shape: tuple, dropout_p: float) -> torch.Tensor:
     """The mask (True = kept) that the kernels draw for ``seed``: ``shape`` is (B, H, Nq, Nk),
     or (1, H, total_q, total_k) for packed sequences (of which each sequence uses its block on
     the diagonal). For tests: a reference then applies the very same mask."""
@@ -646,7 +640,7 @@ def attention(
                                  f"3-D inputs, got {tuple(key_padding_mask.shape)}")
             key_padding_mask = key_padding_mask[None]
     _check_features(q, k, key_padding_mask, window, softcap, sinks, dropout_p)
-    seed = _dropout_seed(q.device) if dropout_p > 0 else None
+    seed = dropout_seed(q.device) if dropout_p > 0 else None
     out, _ = attention_forward(q, k, v, causal, sm_scale, key_padding_mask, window,
                                _float_or_none(softcap), sinks, float(dropout_p), seed)
     return out[0] if three_d else out
@@ -689,7 +683,7 @@ def _varlen_attention(q, k, v, causal, scale, key_padding_mask, window, softcap,
         max_seqlen_k = _longest_sequence(cu_seqlens_k, "cu_seqlens_k", k.shape[0], max_seqlen_k,
                                          "max_seqlen_k")  # fmt: skip
     sm_scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    seed = _dropout_seed(q.device) if dropout_p > 0 else None
+    seed = dropout_seed(q.device) if dropout_p > 0 else None
     out, _ = attention_forward(q4, k4, v4, causal, sm_scale, None, window, _float_or_none(softcap),
                                sinks, float(dropout_p), seed, cu_seqlens, cu_seqlens_k,
                                max_seqlen_q, max_seqlen_k)  # fmt: skip

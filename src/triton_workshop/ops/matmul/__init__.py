@@ -1,16 +1,19 @@
-"""Matrix multiplication with the epilogue fused in: ``act(a @ b + bias)`` in one kernel.
+"""Matrix multiplication with the epilogue fused in: ``dropout(act(a @ b + bias))`` in one kernel.
 
 The matmul family's host code: its tuning object (:class:`MatmulTuning`, :data:`TUNING`), the
 launcher other families call (:func:`launch_matmul`: TF32 operand layout, aligned copies of ragged
-operands, Hopper's TMA path), the registered op with its autograd, and the public :func:`matmul`
-and :func:`linear`. The kernels are in :mod:`.kernels`; why they look as they do (tiles, grouped
-ordering, ragged shapes, TF32, the backward) is told in docs/kernels/matmul.md.
+operands, Hopper's TMA path), the registered op with its autograd (the backward redraws the
+epilogue's dropout mask from its seed), and the public :func:`matmul` and :func:`linear`. The
+kernels are in :mod:`.kernels`; why they look as they do (tiles, grouped ordering, ragged shapes,
+TF32, the backward, dropout) is told in docs/kernels/matmul.md.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
+import numbers
 import sys
 import types
 from typing import Optional
@@ -21,9 +24,11 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ... import runtime
 from ...runtime import FLOAT_DTYPES, register_op, wrap_triton
+from .._common import dropout_seed
 from .kernels import (
     CONFIGS,
     MAX_BLOCK,
+    dropout_scale_kernel,
     grouped_tile,
     matmul_kernel,
     matmul_tma_kernel,
@@ -33,8 +38,9 @@ from .kernels import (
 
 __all__ = [
     "ACTIVATIONS", "CONFIGS", "MAX_BLOCK", "MatmulTuning", "TUNING", "check_activation",
-    "grouped_tile", "input_precision", "launch_matmul", "linear", "matmul", "matmul_kernel",
-    "matmul_tma_kernel", "pad_copy_kernel", "prune_configs", "tf32_enabled",
+    "check_dropout_p", "dropout_scale_kernel", "grouped_tile", "input_precision",
+    "launch_matmul", "linear", "matmul", "matmul_kernel", "matmul_tma_kernel",
+    "pad_copy_kernel", "prune_configs", "tf32_enabled",
 ]
 
 #: Public activation names; ``None`` means none. Inside the registered op "none" stands for None,
@@ -65,7 +71,7 @@ class MatmulTuning:
     tma_matmul: bool | None = None
     #: With ``tma_matmul=None``, the smallest product (M*N*K) that takes the TMA kernel. Its
     #: descriptors cost about as much host time again as the rest of a call (built and encoded
-    #: for each call's tensors, docs/results.md "session 9"), which only a product running
+    #: for each call's tensors, docs/results.md, the 2026-11-25 run at 1b36eaa), which only a product running
     #: longer than that can earn back; below, matmul_kernel (a model's many mid-size products,
     #: where the host's time per call is what limits an eager step).
     tma_min_volume: int = 2**34
@@ -92,6 +98,11 @@ class MatmulTuning:
     pad_block_rows: int = 32
     pad_block_cols: int = 128
     pad_num_warps: int = 4
+    #: dropout_scale_kernel's tile and warps (the backward of the epilogue's dropout): an
+    #: elementwise pass, so a fixed tile, as the padded copy's.
+    dropout_block_rows: int = 32
+    dropout_block_cols: int = 128
+    dropout_num_warps: int = 4
 
     def tma_config(self) -> dict:
         """matmul_tma_kernel's config as launch keywords (``BLOCK_M`` ..., ``num_stages``)."""
@@ -298,8 +309,12 @@ def launch_matmul(
     bias: torch.Tensor | None = None,
     activation: str = "none",
     slope: float = 0.0,
+    dropout_p: float = 0.0,
+    seed: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``out = act(a @ b + bias)`` through :func:`matmul_kernel`; returns ``out``.
+    """``out = dropout(act(a @ b + bias))`` through :func:`matmul_kernel`; returns ``out``.
+    Dropout (probability ``dropout_p``, Philox seed ``seed``: one int64 on the device) only where
+    ``dropout_p > 0``; otherwise the kernel compiles without it.
 
     What every caller needs between checked inputs and the launch, written once: the TF32
     operand layout, the aligned copies, the grid, the autotuning buckets, the grains. Shapes as
@@ -309,11 +324,14 @@ def launch_matmul(
     An eager call whose operands need no copy and no TMA descriptors launches the
     :class:`~runtime.LaunchPlan` kept for its layout (:func:`_product_plan`): the decisions below
     are made once per layout, not at every call."""
+    # Placeholders (never read) where the epilogue has no bias or no dropout.
+    bias_or_out = bias if bias is not None else out
+    seed_or_out = seed if dropout_p > 0 else out
     if runtime.launching_directly():
-        plan = _product_plan(a, b, out, bias, activation, slope)
+        plan = _product_plan(a, b, out, bias, activation, slope, dropout_p)
         if plan is not None:
             with runtime.device_guard(a):
-                plan.launch(a, b, out, bias if bias is not None else out)
+                plan.launch(a, b, out, bias_or_out, seed_or_out)
             return out
     tuning = TUNING
     precision = input_precision(a.dtype)
@@ -323,16 +341,16 @@ def launch_matmul(
         a, b = _aligned(a, tuning=tuning), _aligned(b, tuning=tuning)
     if _use_tma(a, b, out, precision, tuning):
         return _launch_matmul_tma(a, b, out, bias=bias, activation=activation, slope=slope,
-                                  tuning=tuning)
-    plan = _kernel_plan(a, b, out, bias, activation, slope, precision, tuning)
+                                  dropout_p=dropout_p, seed=seed, tuning=tuning)
+    plan = _kernel_plan(a, b, out, bias, activation, slope, dropout_p, precision, tuning)
     with runtime.device_guard(a):
         # Traced (torch.compile): the plan's launch goes through wrap_triton, as Inductor needs.
-        plan.launch(a, b, out, bias if bias is not None else out)
+        plan.launch(a, b, out, bias_or_out, seed_or_out)
     return out
 
 
-def _kernel_plan(a, b, out, bias, activation: str, slope: float, precision: str,
-                 tuning: MatmulTuning) -> runtime.LaunchPlan:
+def _kernel_plan(a, b, out, bias, activation: str, slope: float, dropout_p: float,
+                 precision: str, tuning: MatmulTuning) -> runtime.LaunchPlan:
     """matmul_kernel's launch over these operands as they lie (already aligned or copied)."""
     M, K = a.shape[-2:]
     N = b.shape[-1]
@@ -352,7 +370,7 @@ def _kernel_plan(a, b, out, bias, activation: str, slope: float, precision: str,
         _batch_stride(b), b.stride(-2), b.stride(-1),
         out.stride(0) if out.dim() == 3 else 0, out.stride(-2), out.stride(-1),
         bias.stride(0) if bias is not None else 0,
-        slope,
+        slope, dropout_p,
         runtime.bucket(M), runtime.bucket(N), runtime.bucket(K),
     )  # fmt: skip
     consts = dict(
@@ -361,6 +379,7 @@ def _kernel_plan(a, b, out, bias, activation: str, slope: float, precision: str,
         INT32_TILE_OFFSETS=int32_tile_offsets,
         HAS_BIAS=bias is not None,
         ACTIVATION=activation,
+        DROPOUT=dropout_p > 0,
         INPUT_PRECISION=precision,
         DOT_IN_FP32=runtime.INTERPRET and a.dtype == torch.bfloat16,
     )
@@ -382,13 +401,14 @@ _PRODUCT_PLANS_FOR: tuple = ()
 _GENERAL = object()
 
 
-def _product_plan(a, b, out, bias, activation: str, slope: float):
+def _product_plan(a, b, out, bias, activation: str, slope: float, dropout_p: float = 0.0):
     """The cached :func:`_kernel_plan` of an eager product whose operands are launched as they
     lie, or None (the general path: operand copies, the TMA kernel, or an unusual argument).
 
     The key holds everything the plan depends on: the operands' shapes, strides, storage
     offsets modulo 16 (the 16-byte alignment judged from them), dtypes and device, the bias's
-    stride and dtype, the epilogue, the tuning object and the TF32 setting."""
+    stride and dtype, the epilogue (dropout's probability, whose being 0 or not compiles the
+    kernel with or without it, included), the tuning object and the TF32 setting."""
     global _PRODUCT_PLANS, _PRODUCT_PLANS_FOR
     dtype = a.dtype
     tuning = TUNING
@@ -399,19 +419,19 @@ def _product_plan(a, b, out, bias, activation: str, slope: float):
         key = (a.shape, a.stride(), a.storage_offset() & 15, b.shape, b.stride(),
                b.storage_offset() & 15, out.shape, out.stride(), dtype, b.dtype, out.dtype,
                a.get_device(), None if bias is None else (bias.stride(0), bias.dtype),
-               activation, slope)
+               activation, slope, dropout_p)
         plan = _PRODUCT_PLANS.get(key)
     except (TypeError, RuntimeError):  # symbolic sizes, a tensor without strides: not planned
         return None
     if plan is None:
-        plan = _new_product_plan(a, b, out, bias, activation, slope, tuning)
+        plan = _new_product_plan(a, b, out, bias, activation, slope, dropout_p, tuning)
         if len(_PRODUCT_PLANS) >= 1024:  # many layouts: start over, bounded
             _PRODUCT_PLANS.clear()
         _PRODUCT_PLANS[key] = plan
     return None if plan is _GENERAL else plan
 
 
-def _new_product_plan(a, b, out, bias, activation, slope, tuning: MatmulTuning):
+def _new_product_plan(a, b, out, bias, activation, slope, dropout_p, tuning: MatmulTuning):
     """:func:`_kernel_plan` where launch_matmul's general path would launch a, b as they are;
     _GENERAL where it would copy an operand or take the TMA kernel."""
     precision = input_precision(a.dtype)
@@ -422,7 +442,7 @@ def _new_product_plan(a, b, out, bias, activation, slope, tuning: MatmulTuning):
         return _GENERAL
     if _use_tma(a, b, out, precision, tuning):
         return _GENERAL
-    return _kernel_plan(a, b, out, bias, activation, slope, precision, tuning)
+    return _kernel_plan(a, b, out, bias, activation, slope, dropout_p, precision, tuning)
 
 
 def _needs_copy(t: torch.Tensor, contiguous_dim: int | None = None) -> bool:
@@ -482,9 +502,9 @@ def _descriptor(t: torch.Tensor, block: tuple[int, int]):
                             [block[1], block[0]])  # fmt: skip
 
 
-def _launch_matmul_tma(a, b, out, *, bias=None, activation="none", slope=0.0,
-                       tuning: MatmulTuning | None = None):
-    """``out = act(a @ b + bias)`` through :func:`matmul_tma_kernel` (see ``_use_tma``):
+def _launch_matmul_tma(a, b, out, *, bias=None, activation="none", slope=0.0, dropout_p=0.0,
+                       seed=None, tuning: MatmulTuning | None = None):
+    """``out = dropout(act(a @ b + bias))`` through :func:`matmul_tma_kernel` (see ``_use_tma``):
     ``a``, ``b`` 2-D and TMA-ready, ``out`` 2-D with a unit stride."""
     cfg = (TUNING if tuning is None else tuning).tma_config()
     bm, bn, bk = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N"), cfg.pop("BLOCK_K")
@@ -500,12 +520,12 @@ def _launch_matmul_tma(a, b, out, *, bias=None, activation="none", slope=0.0,
         wrap_triton(matmul_tma_kernel)[grid](
             _descriptor(a, (bm, bk)), _descriptor(b, (bk, bn)),
             _descriptor(out, (bm, bn)) if c_tma else None,
-            out, bias if bias is not None else out,
-            M, N, K, out.stride(0), bias.stride(0) if bias is not None else 0, slope,
+            out, bias if bias is not None else out, seed if dropout_p > 0 else out,
+            M, N, K, out.stride(0), bias.stride(0) if bias is not None else 0, slope, dropout_p,
             A_K_MAJOR=a.stride(1) == 1, B_K_MAJOR=b.stride(1) != 1,  # as _descriptor lays them
             C_TMA=c_tma,
             HAS_BIAS=bias is not None,
-            ACTIVATION=activation, INPUT_PRECISION="ieee",
+            ACTIVATION=activation, DROPOUT=dropout_p > 0, INPUT_PRECISION="ieee",
             DOT_IN_FP32=runtime.INTERPRET and a.dtype == torch.bfloat16,
             BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, NUM_SMS=sms, **cfg,
         )  # fmt: skip
@@ -522,8 +542,74 @@ def _activation_torch(z: torch.Tensor, activation: str, slope: float) -> torch.T
     return z
 
 
-def _matmul_fake(a, b, bias, activation, slope):
+def _matmul_fake(a, b, bias, activation, slope, dropout_p=0.0, seed=None):
     return a.new_empty(_out_shape(a, b))
+
+
+# --------------------------------------------------------------------------------------------
+# Dropout's backward: the output gradient through the mask the epilogue drew.
+# --------------------------------------------------------------------------------------------
+@runtime.plan_cache()
+def _dropout_scale_plan(rows: int, cols: int, rows_per_batch: int, src_strides: tuple,
+                        dropout_p: float, dtype: torch.dtype,
+                        tuning: MatmulTuning) -> runtime.LaunchPlan:
+    """dropout_scale_kernel's launch for one gradient layout. ``dtype`` is unused here but keys
+    the cache: a plan's prepared launches hold a kernel compiled for one dtype."""
+    block_r, block_c = tuning.dropout_block_rows, tuning.dropout_block_cols
+    grid = (runtime.cdiv(rows, block_r) * runtime.cdiv(cols, block_c),)
+    return runtime.LaunchPlan(dropout_scale_kernel, grid,
+                              scalars=(rows, cols, rows_per_batch, *src_strides, dropout_p),
+                              consts=dict(BLOCK_R=block_r, BLOCK_C=block_c,
+                                          num_warps=tuning.dropout_num_warps))
+
+
+def _dropout_scaled(src: torch.Tensor, seed: torch.Tensor, dropout_p: float) -> torch.Tensor:
+    """``src * keep / (1 - p)`` for ``src`` shaped as matmul's output, (M, N) or (B, M, N) of
+    any strides, ``keep`` the mask the epilogue draws for ``seed``; contiguous."""
+    out = src.new_empty(src.shape)
+    if out.numel() == 0:
+        return out
+    rows_per_batch, cols = src.shape[-2:]
+    src_strides = (src.stride(0) if src.dim() == 3 else 0, src.stride(-2), src.stride(-1))
+    plan = _dropout_scale_plan(out.numel() // cols, cols, rows_per_batch, src_strides,
+                               dropout_p, src.dtype, TUNING)
+    with runtime.device_guard(src):
+        plan.launch(src, out, seed)
+    return out
+
+
+def _dropout_grad_fake(grad, seed, dropout_p):
+    return torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)
+
+
+@register_op("matmul_dropout_backward", fake=_dropout_grad_fake)
+def _matmul_dropout_backward(grad: torch.Tensor, seed: torch.Tensor,
+                             dropout_p: float) -> torch.Tensor:
+    return _dropout_scaled(grad, seed, dropout_p)
+
+
+def _dropout_grad_setup_context(ctx, inputs, output):
+    _, seed, ctx.dropout_p = inputs
+    ctx.save_for_backward(seed)
+
+
+def _dropout_grad_backward(ctx, grad):
+    # Linear in its input: its own backward is the same masking (a double backward).
+    (seed,) = ctx.saved_tensors
+    return _matmul_dropout_backward(grad, seed, ctx.dropout_p), None, None
+
+
+_matmul_dropout_backward.register_autograd(_dropout_grad_backward,
+                                           setup_context=_dropout_grad_setup_context)
+
+
+def dropout_keep_mask(seed: torch.Tensor, shape: tuple, dropout_p: float) -> torch.Tensor:
+    """The mask (True = kept) that :func:`linear` with ``dropout_p`` applies for ``seed`` to an
+    output of ``shape`` (..., N), its leading dims counted as rows (see kernels.dropout_factor),
+    drawn by the backward's kernel. For tests: a reference then applies the very same mask."""
+    shape = tuple(shape)
+    ones = torch.ones((math.prod(shape[:-1]), shape[-1]), device=seed.device)
+    return (_dropout_scaled(ones, seed, dropout_p) != 0).reshape(shape)
 
 
 # --------------------------------------------------------------------------------------------
@@ -536,9 +622,13 @@ def _matmul(
     bias: Optional[torch.Tensor],
     activation: str,
     slope: float,
+    dropout_p: float = 0.0,
+    seed: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     if activation not in _OP_ACTIVATIONS:
         raise ValueError(f"activation must be one of {_OP_ACTIVATIONS}, got {activation!r}")
+    if dropout_p > 0 and seed is None:
+        raise ValueError("seed must be a tensor (one int64 on a's device) when dropout_p > 0")
     if a.dim() == 2 and b.dim() == 2:  # the common case, without _out_shape's batch logic
         M, K = a.shape
         N = b.shape[1]
@@ -556,10 +646,14 @@ def _matmul(
         z = torch.zeros(shape, dtype=torch.float32, device=a.device)
         if bias is not None:
             z = z + bias.to(torch.float32)
-        return _activation_torch(z, activation, slope).to(a.dtype)
+        z = _activation_torch(z, activation, slope)
+        if dropout_p > 0:
+            z = _dropout_scaled(z, seed, dropout_p)
+        return z.to(a.dtype)
 
     out = a.new_empty(shape)
-    return launch_matmul(a, b, out, bias=bias, activation=activation, slope=slope)
+    return launch_matmul(a, b, out, bias=bias, activation=activation, slope=slope,
+                         dropout_p=dropout_p, seed=seed)
 
 
 # --------------------------------------------------------------------------------------------
@@ -572,11 +666,19 @@ def _needs_preactivation(activation: str, slope: float) -> bool:
 
 
 def _matmul_setup_context(ctx, inputs, output):
-    a, b, bias, activation, slope = inputs
+    # Five inputs where the caller left dropout's two at their defaults (an eager call), seven
+    # otherwise (torch's dispatcher fills the defaults in).
+    a, b, bias, activation, slope = inputs[:5]
+    dropout_p = inputs[5] if len(inputs) > 5 else 0.0
+    seed = inputs[6] if len(inputs) > 6 else None
     ctx.activation = activation
     ctx.slope = slope
+    ctx.dropout_p = dropout_p
+    # With dropout, the output is still enough for ReLU's and leaky ReLU's gradient: where it is
+    # 0 because the element was dropped, the masked gradient is 0 whichever branch is taken.
     keep_output = activation != "none" and not _needs_preactivation(activation, slope)
-    ctx.save_for_backward(a, b, bias, output if keep_output else None)
+    ctx.save_for_backward(a, b, bias, output if keep_output else None,
+                          seed if dropout_p > 0 else None)
 
 
 def _preactivation_grad(ctx, grad, a, b, bias, out):
@@ -594,7 +696,10 @@ def _preactivation_grad(ctx, grad, a, b, bias, out):
 
 
 def _matmul_backward(ctx, grad):
-    a, b, bias, out = ctx.saved_tensors
+    a, b, bias, out, seed = ctx.saved_tensors
+    if ctx.dropout_p > 0:
+        # The mask is redrawn from the seed, never stored (see dropout_scale_kernel).
+        grad = _matmul_dropout_backward(grad, seed, ctx.dropout_p)
     grad_z = _preactivation_grad(ctx, grad, a, b, bias, out)
     grad_a = grad_b = grad_bias = None
     # The op itself, not the public matmul: these operands are the forward's, already checked,
@@ -621,7 +726,7 @@ def _matmul_backward(ctx, grad):
         grad_bias = grad_z.sum(dim=rows, dtype=torch.float32)
         if bias.dtype is not torch.float32:
             grad_bias = grad_bias.to(bias.dtype)
-    return grad_a, grad_b, grad_bias, None, None
+    return grad_a, grad_b, grad_bias, None, None, None, None
 
 
 _matmul.register_autograd(_matmul_backward, setup_context=_matmul_setup_context)
@@ -643,6 +748,15 @@ def check_activation(activation, leaky_relu_slope) -> str:
             f"leaky_relu_slope must be a float, got {type(leaky_relu_slope).__name__}"
         )
     return op_activation
+
+
+def check_dropout_p(dropout_p) -> float:
+    """``dropout_p`` as a float in [0, 1); TypeError/ValueError naming it otherwise."""
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real):
+        raise TypeError(f"dropout_p must be a float, got {type(dropout_p).__name__}")
+    if not 0 <= dropout_p < 1:  # NaN fails this too
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    return float(dropout_p)
 
 
 def _check_matmul_args(a, b, bias, activation, leaky_relu_slope) -> str:
@@ -702,38 +816,51 @@ def linear(
     activation: str | None = None,
     *,
     leaky_relu_slope: float = 0.01,
+    dropout_p: float = 0.0,
 ) -> torch.Tensor:
-    """``activation(x @ weight.T + bias)``, like ``torch.nn.functional.linear`` plus an activation.
+    """``dropout(activation(x @ weight.T + bias))``, like ``torch.nn.functional.linear`` plus an
+    activation and dropout, in one kernel.
 
     ``x`` is (..., in_features), ``weight`` (out_features, in_features). The leading dimensions of
     ``x`` are flattened into M (one large product fills the GPU better than many small ones) and
     ``weight.T`` is read in place, without a copy. A 3-D ``x`` whose leading dimensions cannot be
     merged without a copy (``x.transpose(0, 1)``, say) runs as a batched product against the
     shared weight instead, also without a copy.
+
+    ``dropout_p`` in [0, 1): with ``dropout_p > 0`` each output element is zeroed with that
+    probability and the kept ones scaled by ``1 / (1 - dropout_p)``, always (as
+    ``F.dropout(training=True)``: whether a model is training is the caller's business). The
+    mask comes from Philox, seeded from torch's default generator of x's device at each call, so
+    ``torch.manual_seed`` repeats a run; the backward redraws it from the seed instead of keeping
+    it. ``dropout_p=0`` is the plain kernel, compiled without dropout.
     """
     call = key = None
     if not _is_compiling():
         # A call signature seen before was checked then: everything the checks read is in the
-        # key (shapes, strides, dtypes, devices, layouts, the activation and the slope's type).
+        # key (shapes, strides, dtypes, devices, layouts, the activation, the slope, dropout's
+        # probability and their types).
         try:
             key = (x.shape, x.stride(), x.dtype, x.device, x.layout,
                    weight.shape, weight.stride(), weight.dtype, weight.device, weight.layout,
                    None if bias is None else (bias.shape, bias.dtype, bias.device, bias.layout),
-                   activation, leaky_relu_slope, type(leaky_relu_slope))
+                   activation, leaky_relu_slope, type(leaky_relu_slope),
+                   dropout_p, type(dropout_p))
             call = _LINEAR_CALLS.get(key)
         except (AttributeError, TypeError, RuntimeError):  # not tensors, no strides: checked below
             key = None
     if call is None:
-        call = _check_linear(x, weight, bias, activation, leaky_relu_slope)
+        call = _check_linear(x, weight, bias, activation, leaky_relu_slope, dropout_p)
         if key is not None:
             if len(_LINEAR_CALLS) >= 1024:
                 _LINEAR_CALLS.clear()
             _LINEAR_CALLS[key] = call
-    op_activation, slope, rows_kind = call
+    op_activation, slope, rows_kind, p = call
+    # Dropout's two arguments only when it is on: the call without them is today's op call.
+    dropout = (p, dropout_seed(x.device)) if p > 0 else ()
     if rows_kind == _ROWS_AS_IS:  # 2-D, or 3-D run as a batched product: out has x's lead dims
-        return _matmul(x, weight.t(), bias, op_activation, slope)
+        return _matmul(x, weight.t(), bias, op_activation, slope, *dropout)
     rows = x[None] if rows_kind == _ROWS_OF_VECTOR else x.flatten(0, -2)
-    out = _matmul(rows, weight.t(), bias, op_activation, slope)
+    out = _matmul(rows, weight.t(), bias, op_activation, slope, *dropout)
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
@@ -745,8 +872,9 @@ _LINEAR_CALLS: dict = {}
 _ROWS_AS_IS, _ROWS_OF_VECTOR, _ROWS_FLATTENED = range(3)
 
 
-def _check_linear(x, weight, bias, activation, leaky_relu_slope) -> tuple[str, float, int]:
-    """linear's argument checks; ``(op activation, slope, how x becomes rows)``."""
+def _check_linear(x, weight, bias, activation, leaky_relu_slope,
+                  dropout_p) -> tuple[str, float, int, float]:
+    """linear's argument checks; ``(op activation, slope, how x becomes rows, dropout_p)``."""
     runtime.check_tensor(x, "x", dtypes=FLOAT_DTYPES)
     runtime.check_tensor(weight, "weight", dtypes=FLOAT_DTYPES, ndim=2)
     if x.dim() == 0:
@@ -762,6 +890,7 @@ def _check_linear(x, weight, bias, activation, leaky_relu_slope) -> tuple[str, f
     runtime.check_same_device(x=x, weight=weight, bias=bias)
     _check_bias_shape(bias, weight.shape[0])
     op_activation = check_activation(activation, leaky_relu_slope)
+    p = check_dropout_p(dropout_p)
     if x.dim() == 1:
         rows_kind = _ROWS_OF_VECTOR
     elif x.dim() == 2 or (x.dim() == 3 and x.shape[0] > 1 and x.shape[1] > 1
@@ -769,4 +898,4 @@ def _check_linear(x, weight, bias, activation, leaky_relu_slope) -> tuple[str, f
         rows_kind = _ROWS_AS_IS  # 2-D; or flattening would copy
     else:
         rows_kind = _ROWS_FLATTENED
-    return op_activation, float(leaky_relu_slope), rows_kind
+    return op_activation, float(leaky_relu_slope), rows_kind, p

@@ -1,7 +1,8 @@
-"""The matmul family's Triton kernels: ``act(A @ B + bias)`` one output tile a program
+"""The matmul family's Triton kernels: ``dropout(act(A @ B + bias))`` one output tile a program
 (:func:`matmul_kernel`, autotuned over :data:`CONFIGS`), its persistent TMA twin for Hopper
-(:func:`matmul_tma_kernel`), and the padded copy that makes ragged operands 16-byte aligned
-(:func:`pad_copy_kernel`).
+(:func:`matmul_tma_kernel`), the padded copy that makes ragged operands 16-byte aligned
+(:func:`pad_copy_kernel`), and the backward's dropout of the output gradient
+(:func:`dropout_scale_kernel`).
 
 Readable alone: the host code (``ops/matmul/__init__.py``) only decides which kernel runs and with
 what arguments. Why the kernels look as they do (tiles, grouped ordering, no masks in the main
@@ -134,13 +135,42 @@ def _mma(a, b, acc, INPUT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr):
 
 
 @triton.jit
-def _epilogue(acc, offs_n, N, bias_ptr, stride_bias, slope,
-              HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr):
-    """``act(acc + bias)`` on the fp32 accumulator of the tile at columns ``offs_n``."""
+def dropout_factor(seed_ptr, rows, col_start, n_cols, dropout_p,
+                   BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Dropout's factor for a (BLOCK_R, BLOCK_C) tile of a (rows, ``n_cols``) output: ``1 / (1 -
+    p)`` where kept, 0 where dropped. ``rows`` (int64) are the tile's rows counted through the
+    whole output (batches stacked), ``col_start`` its first column, a multiple of 4.
+
+    Philox gives four 32-bit numbers a call: the four columns ``4g .. 4g+3`` of row ``r`` take
+    the numbers of counter ``r * cdiv(n_cols, 4) + g``. A function of the element, not of the
+    tile, so the forward, the backward and a test redraw the same mask whatever their tiles. One
+    call for four elements: the ten Philox rounds (integer work) cost a quarter as much as one
+    call an element, and the epilogue holds far fewer registers beside the accumulator (figures
+    in docs/kernels/matmul.md)."""
+    groups = col_start // 4 + tl.arange(0, BLOCK_C // 4)
+    counters = rows[:, None] * tl.cdiv(n_cols, 4) + groups[None, :]
+    u0, u1, u2, u3 = tl.rand4x(tl.load(seed_ptr), counters)
+    # [u0, u2] and [u1, u3] interleaved, then those two: u0, u1, u2, u3 of each group in a row.
+    uniform = tl.interleave(tl.interleave(u0, u2), tl.interleave(u1, u3))
+    p = tl.cast(dropout_p, tl.float32)  # Inductor passes Python floats as fp64
+    return tl.where(uniform >= p, 1.0 / (1.0 - p), 0.0)
+
+
+@triton.jit
+def _epilogue(acc, rows, col_start, offs_n, N, bias_ptr, stride_bias, slope, seed_ptr, dropout_p,
+              HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, DROPOUT: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``dropout(act(acc + bias))`` on the fp32 accumulator of the tile at columns ``offs_n``
+    (from ``col_start``); ``rows`` (int64) are its rows counted through the whole output, batch
+    included (see :func:`dropout_factor`)."""
     if HAS_BIAS:
         bias = tl.load(bias_ptr + offs_n * stride_bias, mask=offs_n < N, other=0.0)
         acc += bias.to(tl.float32)[None, :]
-    return _apply_activation(acc, slope, ACTIVATION)
+    acc = _apply_activation(acc, slope, ACTIVATION)
+    if DROPOUT:
+        # Multiplied in rather than selected: a dropped inf or NaN still shows, as in F.dropout.
+        acc *= dropout_factor(seed_ptr, rows, col_start, N, dropout_p, BLOCK_M, BLOCK_N)
+    return acc
 
 
 @runtime.autotune(
@@ -152,25 +182,27 @@ def _epilogue(acc, offs_n, N, bias_ptr, stride_bias, slope,
 )
 @triton.jit(do_not_specialize=["M_BUCKET", "N_BUCKET", "K_BUCKET"])
 def matmul_kernel(
-    a_ptr, b_ptr, c_ptr, bias_ptr,
+    a_ptr, b_ptr, c_ptr, bias_ptr, seed_ptr,
     M, N, K,
     stride_ab, stride_am, stride_ak,
     stride_bb, stride_bk, stride_bn,
     stride_cb, stride_cm, stride_cn,
     stride_bias,
-    slope,
+    slope, dropout_p,
     M_BUCKET, N_BUCKET, K_BUCKET,
     A_M_GRAIN: tl.constexpr, A_K_GRAIN: tl.constexpr,
     B_K_GRAIN: tl.constexpr, B_N_GRAIN: tl.constexpr,
     INT32_TILE_OFFSETS: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     ACTIVATION: tl.constexpr,
+    DROPOUT: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):  # fmt: skip
-    """``act(A @ B + bias)``, one output tile a program.
+    """``dropout(act(A @ B + bias))``, one output tile a program (``DROPOUT``: dropout with
+    probability ``dropout_p``, its Philox seed read at ``seed_ptr``).
 
     Each ``*_GRAIN`` (from the host's ``_grain``) is the multiple of elements the kernel may round
     that operand dimension up to when it reads: the elements in 16 bytes along the contiguous dim
@@ -231,7 +263,8 @@ def matmul_kernel(
         acc = _mma(a, b, acc, INPUT_PRECISION, DOT_IN_FP32)
 
     # Epilogue on the fp32 accumulator, before the one rounding to the output dtype.
-    acc = _epilogue(acc, offs_n, N, bias_ptr, stride_bias, slope, HAS_BIAS, ACTIVATION)
+    acc = _epilogue(acc, batch * M + offs_m, pid_n * BLOCK_N, offs_n, N, bias_ptr, stride_bias,
+                    slope, seed_ptr, dropout_p, HAS_BIAS, ACTIVATION, DROPOUT, BLOCK_M, BLOCK_N)
 
     # One 64-bit address for the tile's corner, 32-bit offsets within it (INT32_TILE_OFFSETS:
     # the launcher checked they fit), masks against what is left of M and N past the corner.
@@ -252,13 +285,14 @@ def matmul_kernel(
 
 @triton.jit
 def matmul_tma_kernel(
-    a_desc, b_desc, c_desc, c_ptr, bias_ptr,
+    a_desc, b_desc, c_desc, c_ptr, bias_ptr, seed_ptr,
     M, N, K,
     stride_cm, stride_bias,
-    slope,
+    slope, dropout_p,
     A_K_MAJOR: tl.constexpr, B_K_MAJOR: tl.constexpr, C_TMA: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     ACTIVATION: tl.constexpr,
+    DROPOUT: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -301,7 +335,8 @@ def matmul_tma_kernel(
             acc = _mma(a, b, acc, INPUT_PRECISION, DOT_IN_FP32)
         offs_m = off_m + tl.arange(0, BLOCK_M)
         offs_n = off_n + tl.arange(0, BLOCK_N)
-        acc = _epilogue(acc, offs_n, N, bias_ptr, stride_bias, slope, HAS_BIAS, ACTIVATION)
+        acc = _epilogue(acc, offs_m.to(tl.int64), off_n, offs_n, N, bias_ptr, stride_bias, slope,
+                        seed_ptr, dropout_p, HAS_BIAS, ACTIVATION, DROPOUT, BLOCK_M, BLOCK_N)
         out = acc.to(c_ptr.dtype.element_ty)
         if C_TMA:
             c_desc.store([off_m, off_n], out)
@@ -336,3 +371,33 @@ def pad_copy_kernel(
     x = tl.load(src, mask=in_rows & (offs_c[None, :] < cols), other=0)
     dst = dst_ptr + (batch * rows + offs_r[:, None]) * cols_padded + offs_c[None, :]
     tl.store(dst, x, mask=in_rows & (offs_c[None, :] < cols_padded))
+
+
+@triton.jit
+def dropout_scale_kernel(
+    src_ptr, dst_ptr, seed_ptr,
+    rows, cols, rows_per_batch,
+    stride_sb, stride_sr, stride_sc,
+    dropout_p,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+):  # fmt: skip
+    """``dst = src * keep / (1 - p)`` over a (rows, cols) output gradient (batches of
+    ``rows_per_batch`` rows stacked, any strides), ``keep`` redrawn as :func:`matmul_kernel`'s
+    epilogue drew it (:func:`dropout_factor`); dst contiguous.
+
+    The backward of the epilogue's dropout: regenerating the mask from the seed costs integer
+    work (Philox), where a saved mask would cost a write in the forward, a read here, and memory
+    from forward to backward."""
+    pid = tl.program_id(0)
+    col_blocks = tl.cdiv(cols, BLOCK_C)
+    col_start = (pid % col_blocks) * BLOCK_C
+    offs_r = (pid // col_blocks).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_c = col_start.to(tl.int64) + tl.arange(0, BLOCK_C)
+    inside = (offs_r[:, None] < rows) & (offs_c[None, :] < cols)
+    row_start = (offs_r // rows_per_batch) * stride_sb + (offs_r % rows_per_batch) * stride_sr
+    grad = tl.load(src_ptr + row_start[:, None] + offs_c[None, :] * stride_sc, mask=inside,
+                   other=0.0)
+    grad = grad.to(tl.float32) * dropout_factor(seed_ptr, offs_r, col_start, cols, dropout_p,
+                                                BLOCK_R, BLOCK_C)
+    tl.store(dst_ptr + offs_r[:, None] * cols + offs_c[None, :], grad.to(dst_ptr.dtype.element_ty),
+             mask=inside)
