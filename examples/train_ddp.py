@@ -253,7 +253,7 @@ def train(args, rank: Rank) -> dict:
         "first_step_s": times[0] if times else None, "losses": losses,
         "batch": args.batch, "seq": args.seq, "layers": args.layers, "embd": args.embd,
         "heads": args.heads, "vocab": args.vocab, "amp": bool(args.amp),
-        "device": _device_name(rank.device), "torch": torch.__version__,
+        "device": device_name(rank.device), "torch": torch.__version__,
     }  # fmt: skip
     if times:
         say(f"first step {times[0]:.1f} s (compiling and tuning included), then median "
@@ -262,7 +262,8 @@ def train(args, rank: Rank) -> dict:
     return summary
 
 
-def _device_name(device: torch.device) -> str:
+def device_name(device: torch.device) -> str:
+    """The GPU's name, or what computes on the CPU."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return f"cpu ({'interpreter' if tw.INTERPRET else 'no kernels'})"

@@ -36,10 +36,8 @@ the tokens are random, drawn from a seeded generator, the same for any number of
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
 import json
-import os
 import statistics
 import sys
 import time
@@ -225,19 +223,13 @@ def train(args, rank: train_ddp.Rank) -> dict:
         "scaling": args.scaling, "tokens_per_s": tokens / seconds, "ms_per_step": seconds * 1e3,
         "first_step_s": times[0] if times else None, "peak_gib_per_gpu": peak, "losses": losses,
         "batch_per_rank": per_rank, "seq": args.seq, "layers": args.layers, "hidden": args.hidden,
-        "vocab": args.vocab, "amp": bool(args.amp), "device": device_name(rank.device),
+        "vocab": args.vocab, "amp": bool(args.amp), "device": train_ddp.device_name(rank.device),
         "torch": torch.__version__,
     }  # fmt: skip
     if times:
         say(f"first step {times[0]:.1f} s, then median {seconds * 1e3:.1f} ms/step, "
             f"{summary['tokens_per_s']:,.0f} tokens/s, peak {max(peak):.1f} GiB per GPU")
     return summary
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"cpu ({'interpreter' if tw.INTERPRET else 'no kernels'})"
 
 
 def _peak_gib(rank: train_ddp.Rank) -> list[float]:
@@ -253,13 +245,6 @@ def _peak_gib(rank: train_ddp.Rank) -> list[float]:
     return [g.item() for g in gathered]
 
 
-def record(path: Path, summary: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.datetime.now().isoformat(timespec="seconds")
-    with open(path, "a") as f:
-        f.write(json.dumps({**summary, "time": stamp}) + "\n")
-
-
 def main(argv=None) -> list[float]:
     """Train (or, with ``--plot``, draw); return the losses, the same on every rank."""
     args = parse_args(argv)
@@ -271,7 +256,7 @@ def main(argv=None) -> list[float]:
     try:
         summary = train(args, rank)
         if args.record is not None and rank.rank == 0:
-            record(args.record, summary)
+            train_ddp.record(args.record, summary)
         finished = True
     finally:
         gc.collect()  # the sharded model must be gone before its process group (see train_ddp)

@@ -17,6 +17,7 @@ import platform
 import re
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
@@ -324,13 +325,10 @@ def _cmd_tune(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["bench"]:  # bench parses its own options (--quick, names, --out)
-        from types import SimpleNamespace
-
+    # bench and tune parse their own options (--quick, names, --out, -k).
+    if argv[:1] == ["bench"]:
         return run_workshop_command(lambda: _cmd_bench(SimpleNamespace(rest=argv[1:])))
-    if argv[:1] == ["tune"]:  # likewise tune (--quick, --out, -k)
-        from types import SimpleNamespace
-
+    if argv[:1] == ["tune"]:
         return _cmd_tune(SimpleNamespace(rest=argv[1:]))
     args = build_parser().parse_args(argv)
     return run_workshop_command(lambda: args.func(args))
