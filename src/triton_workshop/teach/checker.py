@@ -25,7 +25,7 @@ import torch
 from .. import runtime
 from .diagnose import diagnose, match_suspects, memory_findings
 from .errors import INTERPRETER_ONLY_HELPERS, interpreter_only_verdict, verdict_for_exception
-from .learner_file import reduces, unfinished_todos, uses_dot
+from .learner_file import reduces, unfinished_todos, uses_dot, uses_exp
 from .memcheck import MemcheckUnavailable, memory_checked
 from .picture import build_picture
 from .poison import (GUARD, guarded_copy, guarded_empty, is_poison, poisoned_allocations,
@@ -221,7 +221,8 @@ def _judge(out, made, report, launcher, inputs, guarded_inputs, ref, kwargs, *, 
             unwritten = _second_poison_unwritten(launcher, guarded_inputs, kwargs, out)
     verdict = diagnose(out, ref, block=block, tol=tol, spill=spill, program_axes=program_axes,
                        matmul_operands=matmul_operands,
-                       uses_dot=uses_dot(learner_file, matmul_operands), unwritten=unwritten,
+                       uses_dot=uses_dot(learner_file, matmul_operands),
+                       uses_exp=uses_exp(learner_file), unwritten=unwritten,
                        findings=findings, problems=problems, grid=grid, lead_axis=lead_axis)
     verdict.memory = list(problems)
     if not verdict.passed:

@@ -58,6 +58,17 @@ def reduces(learner_file: str | None) -> bool:
                                                   "argmax", "argmin", "xor_sum"))
 
 
+def uses_exp(learner_file: str | None) -> bool | None:
+    """Whether the learner's kernel takes ``tl.exp`` (None when the file cannot be read): NaN
+    advice about exponentials is given only where there is one."""
+    if learner_file:
+        try:
+            return "tl.exp(" in Path(learner_file).read_text()
+        except OSError:
+            pass
+    return None
+
+
 def uses_dot(learner_file: str | None, default: bool) -> bool:
     if learner_file:
         try:

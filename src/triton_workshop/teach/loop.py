@@ -106,6 +106,18 @@ def _iter_check(exercise, module, seed, learner_file, skip, memcheck, time_limit
             if not verdict.passed and verdict.headline.startswith("not implemented"):
                 stop = True  # one "start at TODO n" is enough
                 break
+        # A check of the learner's module as a whole (exercise 7: every tuning config launched
+        # once, which the interpreter's one-config autotuning never does).
+        module_check = getattr(task, "module_check", None)
+        cid = f"{t}:module"
+        if module_check is not None and not stop and cid not in skip:
+            label = "every config of CONFIGS, launched once"
+            yield "start", cid, task.function, label, None
+            start = time.perf_counter()
+            verdict = module_check(module, runtime.DEVICE)
+            passed.append(verdict.passed)
+            yield "result", cid, task.function, label, CaseResult(
+                label, verdict, time.perf_counter() - start)
         cid = f"{t}:strided"
         if not stop and passed and all(passed) and cid not in skip:
             yield "start", cid, task.function, f"{cases[0].label}, non-contiguous inputs", None

@@ -5,7 +5,8 @@
 * :mod:`.memory`: what a bounds-checked run adds (out-of-bounds accesses, misplaced stores);
 * :mod:`.suspects`: an exercise's classic mistakes, recognised by their output;
 * one module per exercise with its suspects: :mod:`.vector_add`, :mod:`.image_filters`,
-  :mod:`.conv2d`, :mod:`.matmul`, :mod:`.softmax`.
+  :mod:`.conv2d`, :mod:`.matmul`, :mod:`.softmax`, :mod:`.layer_norm`, :mod:`.fast_matmul` (the
+  tuning list launched config by config), :mod:`.flash_attention`.
 """
 
 from .memory import memory_findings

@@ -11,7 +11,9 @@ import numpy as np
 import torch
 
 from ..memory_report import decode_program
+from ..poison import is_poison
 from ..verdict import Geometry, fmt_index
+from .rules import grid_maps_tiles
 
 __all__ = ["memory_findings"]
 
@@ -22,7 +24,7 @@ def memory_findings(report, out, inputs: Sequence, input_names: Sequence[str], g
     input fail a case whatever the values; misplaced stores and the grid's size explain it."""
     grid = report.launches[-1].grid if report.launches else None
     excess = []  # (grid axis, tiles there, what a program owns)
-    if geo is not None and grid is not None:
+    if geo is not None and grid is not None and grid_maps_tiles(geo, grid):
         lead, axes = geo.tile_axes(grid)
         for a, ax in enumerate(axes):
             if ax < len(grid) and grid[ax] > geo.tiles[a]:
@@ -58,6 +60,11 @@ def memory_findings(report, out, inputs: Sequence, input_names: Sequence[str], g
     if not isinstance(out, torch.Tensor) or geo is None or not report.launches:
         return problems, findings
     if not any(launch.passed(out) for launch in report.launches):
+        # A launcher may return a view, a reshape or a stack of what the kernel wrote (layer
+        # norm's statistics, the weight gradients): only an output still all poison was never
+        # given to the kernel.
+        if not bool(is_poison(out.detach().cpu()).all()):
+            return problems, findings
         findings.append("the tensor the launcher returned was not passed to the kernel: return the "
                         "output the kernel stores into")
         return problems, findings
@@ -68,7 +75,7 @@ def memory_findings(report, out, inputs: Sequence, input_names: Sequence[str], g
                             "returned: check the pointer each tl.store writes through")
         return problems, findings
     masks = " ".join(v.mask_source or "" for v in report.violations.values() if v.kind == "store")
-    misplaced = _misplaced(wm, out, geo, grid)
+    misplaced = _misplaced(wm, out, geo, grid) if grid_maps_tiles(geo, grid) else []
     if misplaced and "|" in masks and geo.nb == 2:
         misplaced[0] = misplaced[0].split(": check how")[0] + (
             ": the mask lets lanes past the end of a row through, and they wrap into the next row "

@@ -15,7 +15,7 @@ import torch
 from ..poison import is_poison
 from ..verdict import Geometry, Tolerance, Verdict, close, fmt_index
 
-__all__ = ["diagnose", "grid_too_small", "small_error_advice"]
+__all__ = ["diagnose", "grid_maps_tiles", "grid_too_small", "small_error_advice"]
 
 
 def diagnose(
@@ -33,6 +33,7 @@ def diagnose(
     problems: Sequence[str] = (),
     grid: Sequence[int] | None = None,
     lead_axis: int | None = None,
+    uses_exp: bool | None = None,
 ) -> Verdict:
     """Compare ``out`` with ``ref`` and name the classic bug when the pattern of errors shows one.
 
@@ -43,7 +44,8 @@ def diagnose(
     ``unwritten`` (when known exactly, from the write map or a second poison) marks the elements
     never stored; ``findings`` are diagnoses found before (suspects, misplaced stores) and go
     first; ``problems`` fail the case even when every value is right (out-of-bounds accesses,
-    stores into an input). ``uses_dot`` says whether TF32 can be a cause at all.
+    stores into an input). ``uses_dot`` says whether TF32 can be a cause at all; ``uses_exp``
+    whether an overflowing tl.exp can (None: not known, and the advice says "if").
     """
     if not isinstance(out, torch.Tensor):
         return Verdict(False, f"the launcher returned {type(out).__name__}, not a tensor",
@@ -115,7 +117,8 @@ def diagnose(
     details.extend(_name_the_bug(out_t, ref_t, wrong_t, unwritten_t, nan_t, known, block, tile_dims,
                                  full, in_partial, tol, matmul_operands,
                                  matmul_operands if uses_dot is None else uses_dot,
-                                 quiet=bool(findings or problems), geo=geo, grid=grid))
+                                 quiet=bool(findings or problems), geo=geo, grid=grid,
+                                 uses_exp=uses_exp))
 
     sample = idx[:5].tolist()
     details.append(
@@ -126,11 +129,13 @@ def diagnose(
     shown = ", ".join(fmt_index(p) for p in programs[:8]) + (" ..." if len(programs) > 8 else "")
     details.append(f"programs ({', '.join(axes)}) with wrong elements{' in that slice' if where else ''}: "
                    f"{shown} [{len(programs)} program(s); block {' x '.join(map(str, block))}]")
-    n_partial = int(in_partial.sum())
-    details.append(
-        f"{n_partial} of the wrong elements are in the partial (masked) block at the edge, "
-        f"{len(idx) - n_partial} in full blocks"
-    )
+    # Only where the output has both: a block wider than the whole output is partial everywhere.
+    if all(f > 0 for f in full) and any(f < d for f, d in zip(full, tile_dims)):
+        n_partial = int(in_partial.sum())
+        details.append(
+            f"{n_partial} of the wrong elements are in the partial (masked) block at the edge, "
+            f"{len(idx) - n_partial} in full blocks"
+        )
     return Verdict(False, headline, details)
 
 
@@ -151,7 +156,8 @@ def _value(t: torch.Tensor, index) -> str:
 
 
 def _name_the_bug(out, ref, wrong, unwritten, nan_out, unwritten_known, block, dims, full, in_partial,
-                  tol, matmul_operands, uses_dot, *, quiet=False, geo=None, grid=None) -> list[str]:
+                  tol, matmul_operands, uses_dot, *, quiet=False, geo=None, grid=None,
+                  uses_exp=None) -> list[str]:
     """The classic mistakes, each recognised by the shape of its errors. ``quiet``: a finding
     already explains the result, so the catch-all guesses stay out."""
     found: list[str] = []
@@ -229,8 +235,8 @@ def _name_the_bug(out, ref, wrong, unwritten, nan_out, unwritten_known, block, d
             (nan_out & (~nan_out).flip(-1).cumsum(-1).flip(-1).bool()).any())
     if computed_nan and (bool(nan_out[wrong].all()) or unwritten_known):
         found.append("some rows hold NaN before elements the kernel did write: it computed those "
-                     "NaNs (inf - inf, inf / inf). tl.exp overflows to inf above ~88 in "
-                     "float32: subtract the row max before exp" if nb >= 2 and block[-1] >= dims[-1] else
+                     "NaNs (0 / 0, inf - inf, inf / inf)" + _exp_overflow_advice(uses_exp)
+                     if nb >= 2 and block[-1] >= dims[-1] else
                      "the kernel computed NaN (the elements were written): 0 / 0, inf - inf, or a "
                      "value loaded past the end of an input (the checker reads NaN there)")
     elif bool(unwritten.any()) and bool(unwritten[wrong].all()):
@@ -241,6 +247,14 @@ def _name_the_bug(out, ref, wrong, unwritten, nan_out, unwritten_known, block, d
         found.append("some results are NaN/inf where the reference is finite: a load may read "
                      "past the end (missing mask=) or a masked load needs other=0")
     return found
+
+
+def _exp_overflow_advice(uses_exp: bool | None) -> str:
+    if uses_exp is False:
+        return ""
+    return (". If the kernel takes tl.exp: it overflows to inf above ~88 in float32, so subtract "
+            "the row max before exp" if uses_exp is None else
+            ". tl.exp overflows to inf above ~88 in float32: subtract the row max before exp")
 
 
 def small_error_advice(rel: float, dtype: torch.dtype, uses_dot: bool, fraction: float = 1.0) -> str:
@@ -263,8 +277,15 @@ def small_error_advice(rel: float, dtype: torch.dtype, uses_dot: bool, fraction:
             "an intermediate result rounded to a lower precision")
 
 
+def grid_maps_tiles(geo: Geometry, grid) -> bool:
+    """Whether the grid's axes are the output's tile axes. A 1-D grid over a 2-D tiling (the
+    grouped order of exercise 7) maps program ids to tiles by a computation of its own: there no
+    grid axis owns a tile row or column, and advice about them would mislead."""
+    return not (sum(int(g) > 1 for g in grid) <= 1 and sum(t > 1 for t in geo.tiles) >= 2)
+
+
 def grid_too_small(geo: Geometry | None, grid) -> str | None:
-    if geo is None or grid is None:
+    if geo is None or grid is None or not grid_maps_tiles(geo, grid):
         return None
     lead, axes = geo.tile_axes(grid)
     for a, ax in enumerate(axes):

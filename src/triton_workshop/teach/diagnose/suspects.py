@@ -26,11 +26,16 @@ NAN = float("nan")  # marks the elements a buggy kernel never writes (the checke
 class Suspect:
     """A classic mistake, recognised by its output: ``output(case)`` computes what a kernel with
     this bug would return on the case's inputs; when the learner's result matches it (and not
-    the reference), the checker names the bug and gives ``advice``."""
+    the reference), the checker names the bug and gives ``advice``.
+
+    ``describe(out, case)``, when given, says what is wrong in words computed from the output
+    itself (a list of sentences, empty when it has nothing to say); it is asked whenever the
+    output is wrong, whether or not the suspect matches."""
 
     name: str
     advice: str
     output: Callable[[Case], torch.Tensor]
+    describe: Callable[[torch.Tensor, Case], list[str]] | None = None
 
 
 def learner_block(case, axis: int, default: int) -> int:
@@ -60,8 +65,13 @@ def match_suspects(out, case, suspects: Sequence, tol: Tolerance) -> list[str]:
     case = _on_cpu(case)  # suspects compute on the CPU, whatever device the case ran on
     wrong = ~close(out_c, ref, tol)
     finite_wrong = wrong & torch.isfinite(out_c.double())
-    found, partial = [], []
+    found, partial, described = [], [], []
     for suspect in suspects:
+        if suspect.describe is not None and bool(wrong.any()):
+            try:
+                described.extend(s for s in suspect.describe(out_c, case) if s not in described)
+            except Exception:  # a description that does not apply to this case
+                pass
         try:
             expected = suspect.output(case)
         except Exception:  # a suspect that does not apply to this case
@@ -76,5 +86,5 @@ def match_suspects(out, case, suspects: Sequence, tol: Tolerance) -> list[str]:
         elif not found and bool(finite_wrong.any()) and 2 * int(finite_wrong.sum()) >= int(wrong.sum()) \
                 and bool(same[wrong].all()) and bool(differs[wrong].all()):
             partial.append(f"the wrong elements are what {suspect.name} gives: {suspect.advice}")
-    return found or partial[:1]
+    return (found or partial[:1]) + described
 

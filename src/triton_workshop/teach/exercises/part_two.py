@@ -22,6 +22,10 @@ import torch
 import torch.nn.functional as F
 
 from ... import runtime
+from ..diagnose.fast_matmul import tuning_configs_verdict
+from ..diagnose.flash_attention import RUNNING_MAX_SUSPECTS, very_negative_row
+from ..diagnose.layer_norm import statistics_in_words
+from .part_one import FP16_ONE_ROUNDING
 from .types import Case, Exercise, StretchTask, Suspect, Task, is_stretch
 
 __all__ = [
@@ -213,7 +217,7 @@ LAYER_NORM_STATISTICS_SUSPECTS = (
     Suspect("statistics not saved",
             "mean and rstd were never stored: the forward must tl.store them (one float32 each "
             "per row, at mean_ptr + rows / rstd_ptr + rows, masked) for the backward to read",
-            lambda c: _nan_like(c.reference)),
+            lambda c: _nan_like(c.reference), describe=statistics_in_words),
     Suspect("unbiased variance", _UNBIASED_ADVICE,
             lambda c: layer_norm_statistics_reference(c.inputs[0], _eps(c), unbiased=True).to(
                 c.reference.device)),
@@ -321,10 +325,26 @@ _LAST_GROUP_ADVICE = (
     "lost) while other tiles are never computed. Shorten it: group_size_m = "
     "tl.minimum(num_pid_m - first_pid_m, GROUP_SIZE_M)")
 
+def _tiles_from_counts(counts: torch.Tensor) -> torch.Tensor:
+    """A (programs, 2) order with each tile listed as often as ``counts`` says."""
+    m, n = counts.shape
+    tiles = [(i, j) for i in range(m) for j in range(n) for _ in range(max(0, int(counts[i, j])))]
+    return torch.tensor(tiles, dtype=torch.long).view(-1, 2)
+
+
+# What the counts or the order show, in words ("never computed", "computed more than once"),
+# beside the element-by-element "got 2, expected 1"; said whatever the bug.
+def _in_words(order: torch.Tensor, case: Case) -> list[str]:
+    problems = every_tile_once(order, *case.inputs[:2])
+    return ["every tile must be computed by exactly one program: " + "; ".join(problems)] \
+        if problems else []
+
+
 TILE_VISITS_SUSPECTS = (
     Suspect("last group not shortened", _LAST_GROUP_ADVICE,
             lambda c: tile_visit_counts(_unshortened(*c.inputs), *c.inputs[:2]).to(
-                c.reference.device)),
+                c.reference.device),
+            describe=lambda out, c: _in_words(_tiles_from_counts(out), c)),
 )
 
 TILE_ORDER_SUSPECTS = (
@@ -334,22 +354,26 @@ TILE_ORDER_SUSPECTS = (
             "num_pid_in_group) % group_size_m, pid_n = (pid % num_pid_in_group) // group_size_m",
             lambda c: row_major_tile_order(*c.inputs[:2]).to(c.reference.device)),
     Suspect("last group not shortened", _LAST_GROUP_ADVICE,
-            lambda c: _unshortened(*c.inputs).to(c.reference.device)),
+            lambda c: _unshortened(*c.inputs).to(c.reference.device), describe=_in_words),
 )
 
 
 def _fast_matmul_cases(gen, device):
     cases = []
     # 150 rows are 5 tile rows: with GROUP_SIZE_M = 4 the last group is short.
+    # A long K in float16 shows a float16 accumulator (exercise 4's kernel pasted with its
+    # accumulator's dtype changed): a float32 one rounds once, on the store.
     shapes = [((67, 45, 83), torch.float32), ((150, 33, 90), torch.float32),
-              ((64, 64, 64), torch.float32), ((130, 40, 100), torch.float16)]
+              ((64, 64, 64), torch.float32), ((130, 40, 100), torch.float16),
+              ((40, 1100, 36), torch.float16)]
     if not runtime.INTERPRET:  # bf16 tl.dot is wrong in the interpreter (triton#11584)
         shapes.append(((77, 90, 130), torch.bfloat16))
     for (m, k, n), dtype in shapes:
         a = _randn(gen, m, k, dtype=dtype, device=device)
         b = _randn(gen, k, n, dtype=dtype, device=device)
+        tolerance = FP16_ONE_ROUNDING if dtype == torch.float16 and k >= 1024 else None
         cases.append(Case(f"{m}x{k} @ {k}x{n} {str(dtype).replace('torch.', '')}", (a, b),
-                          (a.double() @ b.double()).to(dtype)))
+                          (a.double() @ b.double()).to(dtype), tolerance=tolerance))
     return cases
 
 
@@ -403,17 +427,25 @@ def _attention_inputs(gen, device, shapes):
         yield f"{b}x{h}x{n}x{d}" + _dtype_label(dtype), q, k, v
 
 
+# B * H differs from the number of query blocks in most shapes: a grid with its two axes swapped
+# leaves programs without work and rows unwritten.
 def _attention_cases(gen, device):
-    shapes = [((1, 2, 37, 16), torch.float32), ((2, 1, 64, 32), torch.float32),
+    shapes = [((1, 3, 37, 16), torch.float32), ((2, 1, 64, 32), torch.float32),
               ((1, 1, 5, 16), torch.float32), ((1, 2, 50, 16), torch.float16)]
     if not runtime.INTERPRET:
         shapes.append(((1, 2, 70, 64), torch.bfloat16))
-    return [Case(label, (q, k, v), attention_reference(q, k, v))
-            for label, q, k, v in _attention_inputs(gen, device, shapes)]
+    cases = [Case(label, (q, k, v), attention_reference(q, k, v))
+             for label, q, k, v in _attention_inputs(gen, device, shapes)]
+    for label, q, k, v in _attention_inputs(gen, device, [((1, 1, 40, 16), torch.float32)]):
+        row = 7
+        q, k = very_negative_row(q, k, row)
+        cases.append(Case(f"{label}, every score of row {row} < -200", (q, k, v),
+                          attention_reference(q, k, v)))
+    return cases
 
 
 def _causal_cases(gen, device):
-    shapes = [((1, 2, 37, 16), torch.float32), ((1, 1, 70, 32), torch.float32),
+    shapes = [((1, 3, 37, 16), torch.float32), ((1, 1, 70, 32), torch.float32),
               ((1, 2, 45, 16), torch.float16)]
     return [Case(label, (q, k, v), attention_reference(q, k, v, causal=True))
             for label, q, k, v in _attention_inputs(gen, device, shapes)]
@@ -425,10 +457,11 @@ def _block_end(rows, n_keys, block_m=ATTENTION_BLOCK_M):
     return torch.clamp((rows // block_m + 1) * block_m, max=n_keys)
 
 
-def _causal_variant(allowed):
+def _causal_variant(allowed, *, per_block=False):
     """A suspect's output: the kernel's loop with ``allowed(rows, keys)`` in place of the causal
     mask, over the keys it loads. A row with no allowed key in the first key block comes out NaN:
-    there the running max is still -inf, and exp(-inf - (-inf)) is NaN, which sticks."""
+    there the running max is still -inf, and exp(-inf - (-inf)) is NaN, which sticks.
+    ``per_block``: ``allowed(rows, keys, block_m)`` also takes the learner's BLOCK_M."""
     def output(case):
         q, k, _ = case.inputs
         n_q, n_keys = q.shape[-2], k.shape[-2]
@@ -436,7 +469,8 @@ def _causal_variant(allowed):
         block_n = _learner_constant(case, "BLOCK_N", ATTENTION_BLOCK_N)
 
         def mask(r, keys):
-            return allowed(r, keys) & (keys < _block_end(r, n_keys, block_m))
+            ok = allowed(r, keys, block_m) if per_block else allowed(r, keys)
+            return ok & (keys < _block_end(r, n_keys, block_m))
 
         out = attention_reference(*case.inputs, allowed=mask)
         rows = torch.arange(n_q, device=q.device)[:, None]
@@ -458,6 +492,7 @@ ATTENTION_SUSPECTS = (
             "acc holds sum(p * v) with unnormalised weights: divide by the running sum at the "
             "end, out = acc / l_i[:, None]",
             lambda c: online_softmax_attention(*c.inputs, divide=False)),
+    *RUNNING_MAX_SUSPECTS,
 )
 
 CAUSAL_SUSPECTS = (
@@ -476,6 +511,11 @@ CAUSAL_SUSPECTS = (
             "within a block of query rows every row sees every loaded key, its block's future ones "
             "included: causal_mask must be False where the key comes after the row",
             _causal_variant(lambda r, k: torch.ones_like(k >= r))),
+    Suspect("diagonal block skipped",
+            "the loop stops before the query block's own keys, so no row sees the keys of its own "
+            "block (the first block's rows see none: 0 / 0 = NaN). The loop must run to the end "
+            "of the block: causal_key_end = tl.minimum((pid_m + 1) * BLOCK_M, seq_len)",
+            _causal_variant(lambda r, k, block_m: k < (r // block_m) * block_m, per_block=True)),
 )
 
 
@@ -536,3 +576,7 @@ PART_TWO: dict[int, Exercise] = {
 # case.constants (set as an attribute: a checker without that field ignores it).
 for _task in PART_TWO[8].tasks:
     _task.constants = ("BLOCK_N",)
+
+# Exercise 7's tuning list: the interpreter launches only its first config, so each config is
+# launched once on its own (a check of the module, not of a case; a loop without it ignores it).
+PART_TWO[7].tasks[2].module_check = tuning_configs_verdict
