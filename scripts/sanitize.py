@@ -312,6 +312,75 @@ def case_attention_causal(device):
         _backward(tw.attention(q, k, v, causal=True))
 
 
+def case_rms_norm(device):
+    import torch
+    import triton_workshop as tw
+
+    half = dict(dtype=torch.float16, device=device, grad=True)
+    x, w = _randn(37, 300, **half), _randn(300, **half)
+    _backward(tw.rms_norm(x, (300,), w))
+    normed, summed = tw.add_rms_norm(_randn(37, 300, **half), _randn(37, 300, **half), (300,), w)
+    (normed.float().sum() + summed.float().sum()).backward()
+
+
+def case_rms_norm_chunked(device):
+    import triton_workshop as tw
+    from triton_workshop.ops import rms_norm as rn
+
+    # Past every one-block path: the chunked forward, dx and dweight partials by chunks.
+    cols = max(_module_int(rn.TUNING, "backward_dx_single_block_max_cols", 16384),
+               _module_int(rn.TUNING, "single_block_max_cols", 4096)) + 1234
+    x, w = _randn(3, cols, device=device, grad=True), _randn(cols, device=device, grad=True)
+    _backward(tw.rms_norm(x, (cols,), w))
+
+
+def case_rope(device):
+    import torch
+    import triton_workshop as tw
+
+    half = dict(dtype=torch.float16, device=device, grad=True)
+    q, k = _randn(2, 4, 37, 64, **half), _randn(2, 2, 37, 64, **half)  # grouped-query
+    cos, sin = _randn(2, 37, 64, device=device), _randn(2, 37, 64, device=device)
+    q_rot, k_rot = tw.rope(q, k, cos.half(), sin.half())
+    (q_rot.float().sum() + k_rot.float().sum()).backward()
+
+
+def case_glu(device):
+    import torch
+    import triton_workshop as tw
+
+    half = dict(dtype=torch.float16, device=device, grad=True)
+    _backward(tw.swiglu(_randn(5003, **half), _randn(5003, **half)))
+    _backward(tw.geglu(_randn(3, 1001, **half), _randn(3, 1001, **half)))
+
+
+def case_cross_entropy(device):
+    import torch
+    import triton_workshop as tw
+
+    logits = _randn(37, 1000, dtype=torch.float16, device=device, grad=True)
+    target = torch.randint(0, 1000, (37,), device=device)
+    target[::5] = -100  # ignored rows
+    tw.cross_entropy(logits, target).backward()
+    x = _randn(37, 64, dtype=torch.float16, device=device, grad=True)
+    weight = _randn(1000, 64, dtype=torch.float16, device=device, grad=True)
+    tw.linear_cross_entropy(x, weight, target).backward()
+
+
+def case_dropout(device):
+    import torch
+    import triton_workshop as tw
+    from triton_workshop.ops import attention as attention_ops
+
+    half = dict(dtype=torch.float16, device=device, grad=True)
+    q, k, v = (_randn(1, 2, 37, 32, **half) for _ in range(3))
+    _backward(tw.attention(q, k, v, dropout_p=0.1))
+    _backward(tw.linear(_randn(37, 64, **half), _randn(48, 64, **half), None, "gelu",
+                        dropout_p=0.1))
+    attention_ops.dropout_keep_mask(attention_ops.dropout_seed(torch.device(device)),
+                                    (1, 2, 37, 37), 0.1)
+
+
 _LN_BWD = ("layer_norm_bwd_kernel", "layer_norm_bwd_sum_partials_kernel")
 CASES = (
     Case("add", ("add",), ("add_kernel",), case_add),
@@ -349,6 +418,21 @@ CASES = (
     Case("attention_causal", ("attention",),
          ("attn_fwd_kernel", "attn_bwd_preprocess_kernel", "attn_bwd_dkdv_kernel",
           "attn_bwd_dq_kernel"), case_attention_causal),
+    Case("rms_norm", ("rms_norm", "add_rms_norm"),
+         ("rms_norm_fwd_kernel", "rms_norm_bwd_kernel", "layer_norm_bwd_sum_partials_kernel"),
+         case_rms_norm),
+    Case("rms_norm_chunked", ("rms_norm",),
+         ("rms_norm_fwd_chunked_kernel", "rms_norm_bwd_dx_chunked_kernel",
+          "rms_norm_bwd_dw_chunked_kernel"), case_rms_norm_chunked,
+         incidental=("rms_norm_bwd_kernel", "layer_norm_bwd_sum_partials_kernel")),
+    Case("rope", ("rope",), ("rope_kernel",), case_rope),
+    Case("glu", ("swiglu", "geglu"), ("glu_fwd_kernel", "glu_bwd_kernel"), case_glu),
+    Case("cross_entropy", ("cross_entropy", "linear_cross_entropy"),
+         ("cross_entropy_fwd_kernel", "cross_entropy_bwd_kernel"), case_cross_entropy),
+    Case("dropout", ("attention", "linear"),
+         ("attn_fwd_kernel", "attn_bwd_preprocess_kernel", "attn_bwd_dkdv_kernel",
+          "attn_bwd_dq_kernel", "matmul_kernel", "dropout_scale_kernel",
+          "attn_dropout_keep_kernel"), case_dropout, incidental=("pad_copy_kernel",)),
 )
 CASES_BY_NAME = {c.name: c for c in CASES}
 
