@@ -4,6 +4,8 @@ that the matmul-based tests plant where a kernel may read but must never let rea
 
 from __future__ import annotations
 
+import dataclasses
+
 import gc
 import importlib.util
 from pathlib import Path
@@ -104,3 +106,16 @@ def ieee_fp32():
     torch.backends.cudnn.allow_tf32 = False
     yield
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
+def shorter_norm_paths(tuning, path: str):
+    """A norm family's tuning (layer_norm's, rms_norm's) with thresholds lowered so that short rows
+    take ``path``: "single_block" as it is; "dx_rows", the backward for rows too long for the
+    fused kernel but not for dx alone (single-block dx, column-tiled sums); "chunked", every row
+    of more than 2 columns in chunks of at most 64 (so 1000 columns take 16 chunks)."""
+    if path != "single_block":
+        tuning = dataclasses.replace(tuning, backward_single_block_max_cols=2, chunk_cols=64)
+    if path == "chunked":
+        tuning = dataclasses.replace(tuning, single_block_max_cols=2, forward_chunk_cols=64,
+                                     backward_dx_single_block_max_cols=2)
+    return tuning

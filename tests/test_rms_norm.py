@@ -20,6 +20,7 @@ from triton_workshop.nn.rms_norm import RMSNorm
 from triton_workshop.ops import rms_norm as rms_norm_ops
 from triton_workshop.ops.rms_norm import add_rms_norm, rms_norm
 from triton_workshop.runtime import DEVICE, INTERPRET
+from conftest import shorter_norm_paths
 
 TOLERANCES = {
     torch.float64: dict(atol=1e-10, rtol=1e-10),
@@ -33,16 +34,8 @@ gpu_only = pytest.mark.skipif(INTERPRET, reason="needs a CUDA device")
 
 @pytest.fixture(params=["single_block", "dx_rows", "chunked"])
 def path(request, monkeypatch):
-    """Run the test on each kernel path: "chunked" for every row of more than 2 columns, in
-    chunks of at most 64 (so 1000 columns take 16 chunks); "dx_rows" is the backward for rows
-    too long for the fused kernel but not for dx alone (single-block dx, column-tiled sums)."""
-    tuning = rms_norm_ops.TUNING
-    if request.param != "single_block":
-        tuning = dataclasses.replace(tuning, backward_single_block_max_cols=2, chunk_cols=64)
-    if request.param == "chunked":
-        tuning = dataclasses.replace(tuning, single_block_max_cols=2, forward_chunk_cols=64,
-                                     backward_dx_single_block_max_cols=2)
-    monkeypatch.setattr(rms_norm_ops, "TUNING", tuning)
+    """Run the test on each kernel path (conftest.shorter_norm_paths)."""
+    monkeypatch.setattr(rms_norm_ops, "TUNING", shorter_norm_paths(rms_norm_ops.TUNING, request.param))
     return request.param
 
 
