@@ -134,6 +134,8 @@ def user_env(wheel, tmp_path_factory):
 
     site_dirs = {Path(torch.__file__).resolve().parents[1], *map(Path, site.getsitepackages())}
     for site_dir in site_dirs:
+        if not site_dir.is_dir():  # site.getsitepackages() also names folders never created
+            continue
         for entry in site_dir.iterdir():
             name = entry.name
             if name.endswith(".pth") or name.startswith(("triton_workshop", "__editable__")):

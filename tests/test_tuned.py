@@ -52,8 +52,9 @@ def make_tuner(timer):
 
 
 def launch(tuner, n: int, dtype=torch.float32):
-    x, y = torch.randn(n, dtype=dtype), torch.randn(n, dtype=dtype)
-    out = torch.full((n,), float("nan"), dtype=dtype)
+    x = torch.randn(n, dtype=dtype, device=runtime.DEVICE)
+    y = torch.randn(n, dtype=dtype, device=runtime.DEVICE)
+    out = torch.full((n,), float("nan"), dtype=dtype, device=runtime.DEVICE)
     tuner[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, y, out, n)
     torch.testing.assert_close(out, x + y)
     return (x, y, out, n)
@@ -220,8 +221,8 @@ def test_traced_launch_gets_the_known_config():
     timer = StubTimer([3.0, 1.0, 2.0])
     tuner = make_tuner(timer)
     launch(tuner, 100)
-    x, y = torch.randn(100), torch.randn(100)
-    out = torch.full((100,), float("nan"))
+    x, y = torch.randn(100, device=runtime.DEVICE), torch.randn(100, device=runtime.DEVICE)
+    out = torch.full((100,), float("nan"), device=runtime.DEVICE)
     traced = runtime.wrap_triton(tuner)
     assert traced is not tuner
     traced[lambda meta: (triton.cdiv(100, meta["BLOCK"]),)](x, y, out, 100)

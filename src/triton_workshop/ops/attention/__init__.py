@@ -120,8 +120,11 @@ class _Features:
 
     def pointers(self, *, sinks: bool) -> tuple:
         mask = self.key_padding_mask
-        # Bool tensors are read as bytes (the same storage): one load path on every Triton.
-        mask = None if mask is None else mask.view(torch.uint8)
+        # Bool tensors are read as bytes (the same storage): one load path on every Triton. In a
+        # traced graph (fake tensors) Inductor cannot lower a bool -> uint8 view; a conversion
+        # of the (batch, keys) mask there costs one small fused kernel.
+        if mask is not None:
+            mask = mask.view(torch.uint8) if type(mask) is torch.Tensor else mask.to(torch.uint8)
         tensors = (mask, self.sinks) if sinks else (mask,)
         return (*tensors, self.dropout_seed, self.cu_seqlens_q, self.cu_seqlens_k)
 
