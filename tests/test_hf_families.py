@@ -3,6 +3,8 @@ text, Phi-3, GPT-OSS, GPT-2), each from a tiny random config (hidden 64, 2 layer
 KV heads, vocabulary 128, 16 tokens, fp32; nothing downloaded), against the same model untouched:
 
 * what is counted and what is listed as left on torch, per family;
+* the residual add fused into the RMSNorm after it in every decoder layer (``add_rms_norm``, run
+  in every forward), and not in a layer whose forward is not transformers' own (listed);
 * logits; the loss with labels (the fused ``linear_cross_entropy`` where the family takes it) and
   every parameter's gradient; with a sliding window shorter than the sequence where the family
   has one, so the window reaches the kernel;
@@ -32,6 +34,7 @@ transformers = pytest.importorskip(
     "transformers", reason="transformers is not installed (optional: pip install transformers)"
 )
 hf = pytest.importorskip("triton_workshop.integrations.transformers")
+from triton_workshop.integrations.transformers import decoder  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("ieee_fp32")
 
@@ -64,15 +67,18 @@ FAMILIES = {
 #: family -> the nonzero counts patch_model gives (linear: the default rule leaves plain
 #: Linears on cuBLAS).
 EXPECTED = {
-    "llama": dict(rms_norm=5, rope=2, swiglu=2, attention=2, cross_entropy=1),
-    "mistral": dict(rms_norm=5, rope=2, swiglu=2, attention=2, cross_entropy=1),
-    "qwen2": dict(rms_norm=5, rope=2, swiglu=2, attention=2, cross_entropy=1),
-    "qwen3": dict(rms_norm=9, rope=2, swiglu=2, attention=2, cross_entropy=1),  # q/k norms
-    "gemma": dict(rms_norm=5, rope=2, geglu=2, attention=2, cross_entropy=1),
-    "gemma2": dict(rms_norm=9, rope=2, geglu=2, attention=2),  # soft-capped logits: torch's loss
-    "gemma3": dict(rms_norm=13, rope=2, geglu=2, attention=2, cross_entropy=1),
-    "phi3": dict(rms_norm=5, rope=2, swiglu=2, attention=2, cross_entropy=1),
-    "gpt_oss": dict(rms_norm=5, rope=2, attention=2, cross_entropy=1),  # experts stay
+    "llama": dict(rms_norm=5, rope=2, swiglu=2, attention=2, cross_entropy=1, add_rms_norm=2),
+    "mistral": dict(rms_norm=5, rope=2, swiglu=2, attention=2, cross_entropy=1, add_rms_norm=2),
+    "qwen2": dict(rms_norm=5, rope=2, swiglu=2, attention=2, cross_entropy=1, add_rms_norm=2),
+    "qwen3": dict(rms_norm=9, rope=2, swiglu=2, attention=2, cross_entropy=1,  # q/k norms
+                  add_rms_norm=2),
+    "gemma": dict(rms_norm=5, rope=2, geglu=2, attention=2, cross_entropy=1, add_rms_norm=2),
+    "gemma2": dict(rms_norm=9, rope=2, geglu=2, attention=2,  # soft-capped logits: torch's loss
+                   add_rms_norm=2),
+    "gemma3": dict(rms_norm=13, rope=2, geglu=2, attention=2, cross_entropy=1, add_rms_norm=2),
+    "phi3": dict(rms_norm=5, rope=2, swiglu=2, attention=2, cross_entropy=1, add_rms_norm=2),
+    "gpt_oss": dict(rms_norm=5, rope=2, attention=2, cross_entropy=1,  # experts stay
+                    add_rms_norm=2),
     "gpt2": dict(layer_norm=5, conv1d=2, attention=2, cross_entropy=1),
 }
 #: family -> {(kind, name)} of what is listed as left on torch for a limitation.
@@ -140,6 +146,20 @@ def kernel_calls(monkeypatch):
     return calls
 
 
+@pytest.fixture
+def fused_adds(monkeypatch):
+    """The shapes of every residual add that ran fused with its RMSNorm."""
+    calls = []
+    original = decoder.add_rms_norm
+
+    def spy(x, residual, *args, **kwargs):
+        calls.append(tuple(x.shape))
+        return original(x, residual, *args, **kwargs)
+
+    monkeypatch.setattr(decoder, "add_rms_norm", spy)
+    return calls
+
+
 # ---------------------------------------------------------------------------------------------
 # What is patched, per family.
 # ---------------------------------------------------------------------------------------------
@@ -168,7 +188,7 @@ def test_counts_and_skipped(family):
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
-def test_logits_loss_and_gradients(family, no_fallback, kernel_calls):
+def test_logits_loss_and_gradients(family, no_fallback, kernel_calls, fused_adds):
     model, reference, counts, _ = patched(family)
     model.train(), reference.train()
     ids = tokens(batch=1)  # one sequence: the interpreter's time grows with the tokens
@@ -176,6 +196,7 @@ def test_logits_loss_and_gradients(family, no_fallback, kernel_calls):
     labels[:, :3] = -100  # ignored positions, as a prompt's are
     out = model(input_ids=ids, labels=labels)
     ref = reference(input_ids=ids, labels=labels)
+    assert len(fused_adds) == counts["add_rms_norm"]  # one per layer, each forward
     if counts["cross_entropy"]:
         assert out.logits is None  # never materialised
     torch.testing.assert_close(out.loss, ref.loss, **TOL)
@@ -198,8 +219,8 @@ def test_logits_loss_and_gradients(family, no_fallback, kernel_calls):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
-def test_generate_a_padded_batch(family, no_fallback, kernel_calls):
-    model, reference, _, _ = patched(family)
+def test_generate_a_padded_batch(family, no_fallback, kernel_calls, fused_adds):
+    model, reference, counts, _ = patched(family)
     model.eval(), reference.eval()
     prompt = tokens(length=6, seed=3)
     mask = torch.ones_like(prompt)
@@ -213,6 +234,8 @@ def test_generate_a_padded_batch(family, no_fallback, kernel_calls):
     assert_same_greedy_tokens(ours, theirs, prompt.shape[1])
     assert any(kw.get("key_padding_mask") is not None for _, _, kw in kernel_calls)
     assert any(q[2] == 1 for q, _, _ in kernel_calls)  # decoding steps on the kernel too
+    assert bool(fused_adds) == bool(counts["add_rms_norm"])
+    assert any(shape[1] == 1 for shape in fused_adds) or not fused_adds  # decoding steps too
 
 
 def assert_same_greedy_tokens(ours, theirs, prompt_len: int) -> None:
@@ -254,3 +277,88 @@ def test_patching_one_model_leaves_another_unchanged(family):
     with torch.no_grad():
         after = second(input_ids=ids, labels=ids)
     assert torch.equal(after.logits, before)
+
+
+# ---------------------------------------------------------------------------------------------
+# The residual add fused into the norm: only in transformers' own layers; checkpointing.
+# ---------------------------------------------------------------------------------------------
+def test_a_decoder_layer_with_its_own_forward_is_left_unfused_and_listed(fused_adds):
+    model = build("llama")
+    layer_class = type(model.model.layers[0])
+
+    class LoggingLayer(layer_class):  # its own forward: whatever it computes stays as it is
+        def forward(self, hidden_states, *args, **kwargs):
+            return super().forward(hidden_states, *args, **kwargs)
+
+    class RenamedLayer(layer_class):  # transformers' forward, inherited: fused
+        pass
+
+    model.model.layers[0].__class__ = LoggingLayer
+    model.model.layers[1].__class__ = RenamedLayer
+    reference = copy.deepcopy(model)
+    with pytest.warns(PatchWarning, match="model.layers.0 .add_rms_norm.: its forward is none"):
+        counts = hf.patch_model(model, attention=False, rope=False)
+    assert counts["add_rms_norm"] == 1 and counts["rms_norm"] == 5
+    assert [(s.kind, s.name) for s in counts.skipped if not s.policy] == [
+        ("add_rms_norm", "model.layers.0")]
+    assert type(model.model.layers[0]) is LoggingLayer
+    assert isinstance(model.model.layers[1], RenamedLayer)
+    ids = tokens(batch=1, length=8)
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ids).logits, reference(input_ids=ids).logits,
+                                   **TOL)
+    assert len(fused_adds) == 1
+
+
+def test_a_hook_on_the_norm_keeps_its_add_apart(fused_adds):
+    model = build("llama")
+    seen = []
+    norm = model.model.layers[1].post_attention_layernorm
+    norm.register_forward_hook(lambda module, args, out: seen.append(out.shape))
+    with pytest.warns(PatchWarning, match="a hook on its post_attention_layernorm"):
+        counts = hf.patch_model(model, attention=False, rope=False)
+    assert counts["add_rms_norm"] == 1
+    with torch.no_grad():
+        model(input_ids=tokens(batch=1, length=8))
+    assert len(fused_adds) == 1 and len(seen) == 1  # the hook still ran
+    # A hook added after patching: that call runs the add and the norm apart, the hook sees it.
+    model.model.layers[0].post_attention_layernorm.register_forward_hook(
+        lambda module, args, out: seen.append(out.shape))
+    with torch.no_grad():
+        model(input_ids=tokens(batch=1, length=8))
+    assert len(fused_adds) == 1 and len(seen) == 3
+
+
+def test_terms_of_two_dtypes_add_as_torch_does():
+    model = build("llama")
+    hf.patch_model(model, attention=False, rope=False)
+    norm = model.model.layers[0].post_attention_layernorm
+    x = torch.randn(2, 3, 64, device=DEVICE, dtype=torch.float64)
+    residual = torch.randn(2, 3, 64, device=DEVICE)
+    normed, total = decoder.add_then_norm(norm, x, residual)
+    assert total.dtype == torch.float64
+    torch.testing.assert_close(total, residual + x)
+    torch.testing.assert_close(normed, norm(residual + x))
+
+
+@pytest.mark.slow
+def test_fused_layers_under_gradient_checkpointing(fused_adds):
+    model, reference, counts, _ = patched("llama")
+    kwargs = {"use_reentrant": False}
+    for m in (model, reference):
+        if hasattr(m, "activation_checkpointing_enable"):  # the newer name
+            m.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            m.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        m.train()
+    ids = tokens(batch=1, length=8)
+    out = model(input_ids=ids, labels=ids, output_hidden_states=True)
+    ref = reference(input_ids=ids, labels=ids, output_hidden_states=True)
+    for ours, theirs in zip(out.hidden_states, ref.hidden_states, strict=True):
+        torch.testing.assert_close(ours, theirs, **TOL)
+    out.loss.backward()
+    ref.loss.backward()
+    assert len(fused_adds) == 2 * counts["add_rms_norm"]  # the forward, then its recomputation
+    ref_params = dict(reference.named_parameters())
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, ref_params[name].grad, **TOL, msg=name)

@@ -8,7 +8,8 @@ else in the package imports this module).
     import triton_workshop.integrations.transformers as tw_hf   # registers "triton_workshop"
     model = AutoModelForCausalLM.from_pretrained(...)           # or from_config
     counts = tw_hf.patch_model(model)   # {'rms_norm': 5, 'rope': 2, 'swiglu': 2, 'attention': 2,
-                                        #  'cross_entropy': 1, ...}; counts.skipped: what stayed
+                                        #  'cross_entropy': 1, 'add_rms_norm': 2, ...};
+                                        # counts.skipped: what stayed
 
 **Attention.** Importing this module registers ``"triton_workshop"`` with transformers'
 ``AttentionInterface`` (and, for the masks, the same mask builder as ``"sdpa"``, which passes no
@@ -29,8 +30,13 @@ its config) computes as before. What it changes, each counted under its kind:
 
 * ``rms_norm``: every RMSNorm whose code is Llama's, Gemma's (``1 + weight``) or GPT-OSS's, through
   :func:`~triton_workshop.ops.rms_norm.rms_norm` with that module's rounding; and
-  ``torch.nn.RMSNorm``. The residual add before a norm is not fused into it: that would take
-  rewriting each family's decoder-layer forward, so the add stays a torch op.
+  ``torch.nn.RMSNorm``.
+* ``add_rms_norm``: the decoder layers whose residual add runs in the RMSNorm that reads it,
+  through :func:`~triton_workshop.ops.rms_norm.add_rms_norm` (one kernel writes the sum and the
+  normalised sum; see :mod:`.decoder`): the add after the attention, in Llama's, Mistral's,
+  Qwen2/3's, Gemma's, Phi-3's and GPT-OSS's layers with ``post_attention_layernorm``, in Gemma
+  2/3's with ``pre_feedforward_layernorm``. Within a layer: the add after the MLP stays a torch
+  op (the layer's output is the residual stream transformers records and checkpoints).
 * ``rope``: the attention's ``apply_rotary_pos_emb`` (rotate-half, partial rotary, GPT-OSS's half
   table) through :func:`~triton_workshop.ops.rope.rope`, by giving the attention module a forward
   that calls ours.
@@ -91,7 +97,7 @@ from ...ops import attention as attention_ops
 from ...ops.attention import MAX_HEAD_DIM, attention
 from ...ops.matmul import check_activation, check_dropout_p
 from ...ops.matmul import linear as linear_op
-from . import families, loss
+from . import decoder, families, loss
 
 #: The name to pass as ``attn_implementation``.
 ATTN_IMPLEMENTATION = "triton_workshop"
@@ -99,7 +105,7 @@ ATTN_IMPLEMENTATION = "triton_workshop"
 __all__ = ["ATTN_IMPLEMENTATION", "Conv1D", "attention_forward", "patch_model", "register"]
 
 #: The kinds ``patch_model`` counts, beyond :func:`triton_workshop.nn.patch`'s.
-EXTRA_COUNT_KEYS = ("conv1d", "rope", "swiglu", "geglu", "cross_entropy")
+EXTRA_COUNT_KEYS = ("conv1d", "rope", "swiglu", "geglu", "cross_entropy", "add_rms_norm")
 
 
 # --------------------------------------------------------------------------------------------
@@ -458,8 +464,9 @@ def _always_falls_back(module: nn.Module) -> str | None:
     return None
 
 
-def _plan_module(name, module, flags, plan, changes) -> None:
-    """Plan the transformers-specific change of one module (RMSNorm, gated MLP, experts)."""
+def _plan_module(name, module, flags, plan, changes, norms: set[int]) -> None:
+    """Plan the transformers-specific change of one module (RMSNorm, gated MLP, experts); the ids
+    of the RMSNorms put on the kernel go into ``norms``."""
     if families.patched_kind(module) is not None:
         return  # patched before: nothing new
     recipe = families.norm_recipe(module)
@@ -476,6 +483,7 @@ def _plan_module(name, module, flags, plan, changes) -> None:
             return
         changes.append(lambda: families.patch_rms_norm(module, recipe))
         plan.counts["rms_norm"] += 1
+        norms.add(id(module))
         return
     if not flags["mlp"]:
         return
@@ -491,6 +499,27 @@ def _plan_module(name, module, flags, plan, changes) -> None:
         return
     changes.append(lambda: families.patch_mlp(module, mlp))
     plan.counts[mlp.glu] += 1
+
+
+def _plan_decoder_layers(model, plan, changes, norms: set[int]) -> None:
+    """The decoder layers whose residual add runs in the RMSNorm after it (see :mod:`.decoder`):
+    where the layer's forward is known and that norm is on the kernel (``norms``, or from an
+    earlier patch_model)."""
+    for name, layer in model.named_modules():
+        if families.patched_kind(layer) is not None:
+            continue
+        recipe, reason = decoder.layer_recipe(layer)
+        if recipe is None and reason is None:
+            continue
+        if reason is None:
+            norm = getattr(layer, recipe.norm_attr)
+            if id(norm) not in norms and families.patched_kind(norm) != "rms_norm":
+                reason = f"its {recipe.norm_attr} stays on torch"
+        if reason:
+            plan.skip(name, "add_rms_norm", reason)
+            continue
+        changes.append(lambda m=layer, r=recipe: decoder.patch_layer(m, r))
+        plan.counts["add_rms_norm"] += 1
 
 
 def _plan_attention(model, flags, plan, changes):
@@ -561,10 +590,12 @@ def patch_model(
     rope: bool = True,
     mlp: bool = True,
     cross_entropy: bool = True,
+    add_rms_norm: bool = True,
 ) -> dict[str, int]:
     """Patch a transformers model in place (see the module docstring): returns the counts of
-    :func:`triton_workshop.nn.patch` plus ``conv1d``, ``rope``, ``swiglu``, ``geglu`` and
-    ``cross_entropy``; ``attention`` counts the attention modules now on
+    :func:`triton_workshop.nn.patch` plus ``conv1d``, ``rope``, ``swiglu``, ``geglu``,
+    ``cross_entropy`` and ``add_rms_norm`` (decoder layers whose residual add runs in the
+    RMSNorm after it: needs ``rms_norm`` too); ``attention`` counts the attention modules now on
     ``attn_implementation="triton_workshop"``; ``fused["linear_activation"]`` counts the GELUs
     fused into a Conv1D, ``fused["linear_dropout"]`` the residual dropouts (GPT-2's, p > 0)
     fused into one (applied while the model trains). ``linear`` as in ``nn.patch``: ``True``/``"fused"`` (default),
@@ -575,7 +606,8 @@ def patch_model(
         name: check_flag(value, name)
         for name, value in (("layer_norm", layer_norm), ("rms_norm", rms_norm),
                             ("conv1d", conv1d), ("conv2d", conv2d), ("attention", attention),
-                            ("rope", rope), ("mlp", mlp), ("cross_entropy", cross_entropy))
+                            ("rope", rope), ("mlp", mlp), ("cross_entropy", cross_entropy),
+                            ("add_rms_norm", add_rms_norm))
     }  # fmt: skip
     policy = linear_policy(linear)
     register()
@@ -601,9 +633,11 @@ def patch_model(
     ]  # fmt: skip
     plan.counts.fused["linear_dropout"] += len(fused_dropouts)
 
-    changes = []
+    changes, norms = [], set()
     for name, module in model.named_modules():
-        _plan_module(name, module, flags, plan, changes)
+        _plan_module(name, module, flags, plan, changes, norms)
+    if flags["rms_norm"] and flags["add_rms_norm"]:
+        _plan_decoder_layers(model, plan, changes, norms)
     set_attention = _plan_attention(model, flags, plan, changes)
     if flags["cross_entropy"] and hasattr(model, "lm_head") and families.patched_kind(model) is None:
         reason = loss.loss_reason(model)

@@ -58,7 +58,9 @@ def _modeling(family: str):
         return None
 
 
-def _reference(family: str, *path: str):
+def reference(family: str, *path: str):
+    """``transformers.models.<family>.modeling_<family>.<path...>``, or None where the installed
+    transformers lacks it."""
     obj = _modeling(family)
     for name in path:
         obj = getattr(obj, name, None)
@@ -128,7 +130,7 @@ def _norm_references() -> list[tuple[type, NormRecipe]]:
         ("gemma", "GemmaRMSNorm", NormRecipe("gemma", 1.0, "eps")),
     ]
     return [(cls, recipe) for family, name, recipe in refs
-            if (cls := _reference(family, name)) is not None]  # fmt: skip
+            if (cls := reference(family, name)) is not None]  # fmt: skip
 
 
 def norm_recipe(module: nn.Module) -> NormRecipe | None:
@@ -136,10 +138,11 @@ def norm_recipe(module: nn.Module) -> NormRecipe | None:
     cls = type(module)
     if not isinstance(getattr(module, "weight", None), torch.Tensor) or module.weight.dim() != 1:
         return None
-    for reference, recipe in _norm_references():
-        if not same_code(cls.forward, reference.forward):
+    for norm_class, recipe in _norm_references():
+        if not same_code(cls.forward, norm_class.forward):
             continue
-        if hasattr(reference, "_norm") and not same_code(getattr(cls, "_norm", None), reference._norm):
+        if hasattr(norm_class, "_norm") and not same_code(getattr(cls, "_norm", None),
+                                                          norm_class._norm):  # fmt: skip
             continue
         if isinstance(getattr(module, recipe.eps_attr, None), (int, float)):
             return recipe
@@ -201,10 +204,10 @@ def mlp_recipe(module: nn.Module) -> tuple[MLPRecipe | None, str | None]:
     """The recipe of a gated MLP whose forward is Llama's or Phi-3's, or (None, why not) for a
     module that looks like one but cannot be taken, or (None, None) for any other module."""
     cls = type(module)
-    layouts = (("gate_up_down", _reference("llama", "LlamaMLP"), "act_fn"),
-               ("fused_gate_up", _reference("phi3", "Phi3MLP"), "activation_fn"))  # fmt: skip
-    for layout, reference, act_attr in layouts:
-        if reference is None or not same_code(getattr(cls, "forward", None), reference.forward):
+    layouts = (("gate_up_down", reference("llama", "LlamaMLP"), "act_fn"),
+               ("fused_gate_up", reference("phi3", "Phi3MLP"), "activation_fn"))  # fmt: skip
+    for layout, mlp_class, act_attr in layouts:
+        if mlp_class is None or not same_code(getattr(cls, "forward", None), mlp_class.forward):
             continue
         act = getattr(module, act_attr, None)
         if not isinstance(act, nn.Module):
@@ -316,8 +319,8 @@ def attention_forward_with_rope(attention: nn.Module) -> Callable | None:
 def _forward_with_rope(cls: type) -> Callable | None:
     namespace = _module_globals(cls)
     theirs = namespace.get("apply_rotary_pos_emb")
-    for reference, (helper, reference_helper), ours in _rope_references():
-        if same_code(theirs, reference) and same_code(namespace.get(helper), reference_helper):
+    for reference_rope, (helper, reference_helper), ours in _rope_references():
+        if same_code(theirs, reference_rope) and same_code(namespace.get(helper), reference_helper):
             return rebind_globals(cls.forward, namespace, {"apply_rotary_pos_emb": ours})
     return None
 
