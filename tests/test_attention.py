@@ -346,6 +346,31 @@ def test_bad_inputs_raise_before_launch(change, error, match, monkeypatch):
         attention(args["q"], args["k"], args["v"], **kwargs)
 
 
+def test_bad_inputs_raise_after_a_good_call_of_the_same_shapes(monkeypatch):
+    """Checks are kept per call signature: a good call first must not let a bad one through."""
+    attention(_GOOD["q"], _GOOD["k"], _GOOD["v"], causal=True, scale=0.5)
+
+    def no_launch(kernel, *args, **kwargs):
+        raise AssertionError("a kernel launched before the arguments were checked")
+
+    monkeypatch.setattr(attention_module, "wrap_triton", no_launch)
+    monkeypatch.setattr(runtime.registry, "launch_kernel", no_launch)
+    q, k, v = _GOOD["q"], _GOOD["k"], _GOOD["v"]
+    for kwargs, error, match in [(dict(causal=1), TypeError, "causal"),
+                                 (dict(scale="0.5"), TypeError, "scale"),
+                                 (dict(window=0), ValueError, "window"),
+                                 (dict(softcap=float("inf")), ValueError, "softcap"),
+                                 (dict(dropout_p=1.0), ValueError, "dropout_p")]:
+        with pytest.raises(error, match=match):
+            attention(q, k, v, **kwargs)
+    with pytest.raises(TypeError, match="k"):
+        attention(q, k.half(), v)
+    # The registered op checks on its own, once per signature too.
+    op = torch.ops.triton_workshop.attention_forward
+    with pytest.raises(ValueError, match="window"):
+        op(q, k, v, True, 0.5, None, 0)
+
+
 @gpu_only
 def test_devices_mismatched():
     q = torch.randn(1, 2, 8, 16, device="cuda")

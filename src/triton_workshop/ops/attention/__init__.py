@@ -14,6 +14,7 @@ how to swap it into a model) is told in docs/kernels/attention.md.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import numbers
 
@@ -22,7 +23,7 @@ import triton
 
 from ... import runtime
 from ...runtime import FLOAT_DTYPES, register_op, wrap_triton
-from .._common import dropout_seed
+from .._common import SignatureCache, dropout_seed, layout_key
 from .kernels import (
     DKDV_CONFIGS,
     DQ_CONFIGS,
@@ -153,16 +154,24 @@ class _Features:
 
 
 def _common_args(q: torch.Tensor, k: torch.Tensor, causal: bool, features: _Features) -> dict:
+    """The compile-time arguments every attention kernel takes (one shared dict per signature:
+    callers unpack it, never change it)."""
     n_q, n_k = features.rows(q, k)
-    head_dim = q.shape[3]
+    return _common_args_for(n_q, n_k, q.shape[3], bool(causal), q.dtype,
+                            tuple(features.consts().items()))
+
+
+@functools.lru_cache(maxsize=1024)
+def _common_args_for(n_q: int, n_k: int, head_dim: int, causal: bool, dtype: torch.dtype,
+                     feature_consts: tuple) -> dict:
     return dict(
         N_Q_BUCKET=runtime.bucket(n_q),
         N_K_BUCKET=runtime.bucket(n_k),
         HEAD_DIM=int(head_dim),
         HEAD_DIM_PAD=_head_dim_pad(head_dim),
-        CAUSAL=bool(causal),
-        **_dot_args(q.dtype),
-        **features.consts(),
+        CAUSAL=causal,
+        **_dot_args(dtype),
+        **dict(feature_consts),
     )
 
 
@@ -214,7 +223,33 @@ def _check_op_inputs(q, k, v, causal, scale, key_padding_mask, window, softcap, 
     """The public checks again, on (B, H, N, D) only (packed sequences: (1, H, total, D)): the
     registered ops can also be called directly (``torch.ops.triton_workshop.attention_forward``),
     and must not launch on bad input. The values inside ``cu_seqlens_*`` are the public
-    function's to check (reading them waits for the device)."""
+    function's to check (reading them waits for the device). Checked once per call signature
+    (:data:`_OP_CALLS`); the features are the call's own."""
+    _OP_CALLS.checked(_op_key, _check_op_args, q, k, v, causal, scale, key_padding_mask, window,
+                      softcap, sinks, dropout_p, dropout_seed, cu_seqlens_q, cu_seqlens_k,
+                      max_seqlen_q, max_seqlen_k)  # fmt: skip
+    return _Features(key_padding_mask, window, softcap, sinks, float(dropout_p), dropout_seed,
+                     cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k))
+
+
+def _op_key(q, k, v, causal, scale, key_padding_mask, window, softcap, sinks, dropout_p,
+            dropout_seed, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> tuple:
+    """Everything :func:`_check_op_args` reads (values where it checks a range, types where it
+    checks a type)."""
+    return (layout_key(q), layout_key(k), layout_key(v), causal, type(causal), type(scale),
+            layout_key(key_padding_mask), window, type(window), softcap, type(softcap),
+            layout_key(sinks), dropout_p, type(dropout_p), layout_key(dropout_seed),
+            layout_key(cu_seqlens_q), layout_key(cu_seqlens_k), max_seqlen_q, type(max_seqlen_q),
+            max_seqlen_k, type(max_seqlen_k))  # fmt: skip
+
+
+#: The registered ops' checked call signatures (the value is only a mark: the checks passed).
+_OP_CALLS = SignatureCache()
+
+
+def _check_op_args(q, k, v, causal, scale, key_padding_mask, window, softcap, sinks, dropout_p,
+                   dropout_seed, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                   max_seqlen_k) -> bool:  # fmt: skip
     _check_qkv(q, k, v, ndims=(4,))
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
@@ -235,8 +270,7 @@ def _check_op_inputs(q, k, v, causal, scale, key_padding_mask, window, softcap, 
         if dropout_seed.dtype != torch.int64 or dropout_seed.numel() != 1:
             raise ValueError("dropout_seed must hold one int64")
         runtime.check_same_device(q=q, dropout_seed=dropout_seed)
-    return _Features(key_padding_mask, window, softcap, sinks, float(dropout_p), dropout_seed,
-                     cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k))
+    return True
 
 
 # --------------------------------------------------------------------------------------------
@@ -326,14 +360,7 @@ def attention_backward(
     features = _check_op_inputs(q, k, v, causal, scale, key_padding_mask, window, softcap, sinks,
                                 dropout_p, dropout_seed, cu_seqlens_q, cu_seqlens_k,
                                 max_seqlen_q, max_seqlen_k)  # fmt: skip
-    for name, t in (("grad_out", grad_out), ("out", out)):
-        runtime.check_tensor(t, name, dtypes=(q.dtype,), ndim=4)
-        if t.shape != q.shape:
-            raise ValueError(f"{name} must have q's shape {tuple(q.shape)}, got {tuple(t.shape)}")
-    runtime.check_tensor(lse, "lse", dtypes=(torch.float32,), ndim=3)
-    if lse.shape != _lse_shape(q) or not lse.is_contiguous():
-        raise ValueError(f"lse must be a contiguous {_lse_shape(q)} tensor, got {tuple(lse.shape)}")
-    runtime.check_same_device(q=q, grad_out=grad_out, out=out, lse=lse)
+    _OP_CALLS.checked(_saved_key, _check_saved, q, grad_out, out, lse)
     batch, n_heads, n_q, head_dim = q.shape
     n_kv_heads, n_k = k.shape[1], k.shape[2]
 
@@ -376,6 +403,24 @@ def attention_backward(
         p_sink = torch.exp(sinks.float()[None, :, None] - lse)
         dsinks.copy_(-(p_sink * delta).sum(dim=(0, 2)))
     return dq, dk, dv, dsinks
+
+
+def _saved_key(q, grad_out, out, lse) -> tuple:
+    return ("backward", layout_key(q), layout_key(grad_out), layout_key(out), layout_key(lse),
+            lse.is_contiguous())
+
+
+def _check_saved(q, grad_out, out, lse) -> bool:
+    """The backward's own tensors: the incoming gradient and the forward's out and lse."""
+    for name, t in (("grad_out", grad_out), ("out", out)):
+        runtime.check_tensor(t, name, dtypes=(q.dtype,), ndim=4)
+        if t.shape != q.shape:
+            raise ValueError(f"{name} must have q's shape {tuple(q.shape)}, got {tuple(t.shape)}")
+    runtime.check_tensor(lse, "lse", dtypes=(torch.float32,), ndim=3)
+    if lse.shape != _lse_shape(q) or not lse.is_contiguous():
+        raise ValueError(f"lse must be a contiguous {_lse_shape(q)} tensor, got {tuple(lse.shape)}")
+    runtime.check_same_device(q=q, grad_out=grad_out, out=out, lse=lse)
+    return True
 
 
 #: attention_forward's arguments after q, k, v: their names, as ctx keeps them for the backward.
@@ -629,24 +674,48 @@ def attention(
                         ("max_seqlen_k", max_seqlen_k)):
         if value is not None:
             raise ValueError(f"{name} is for packed sequences: it needs cu_seqlens")
-    _check_qkv(q, k, v)
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    _check_scale(scale, allow_none=True)
+    _PUBLIC_CALLS.checked(_public_key, _check_public, q, k, v, causal, scale, key_padding_mask,
+                          window, softcap, sinks, dropout_p)  # fmt: skip
     sm_scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     three_d = q.dim() == 3
     if three_d:
         q, k, v = q[None], k[None], v[None]
+        if key_padding_mask is not None:
+            key_padding_mask = key_padding_mask[None]
+    seed = dropout_seed(q.device) if dropout_p > 0 else None
+    out, _ = attention_forward(q, k, v, causal, sm_scale, key_padding_mask, window,
+                               _float_or_none(softcap), sinks, float(dropout_p), seed)
+    return out[0] if three_d else out
+
+
+def _public_key(q, k, v, causal, scale, key_padding_mask, window, softcap, sinks,
+                dropout_p) -> tuple:
+    """Everything :func:`_check_public` reads."""
+    return (layout_key(q), layout_key(k), layout_key(v), causal, type(causal), type(scale),
+            layout_key(key_padding_mask), window, type(window), softcap, type(softcap),
+            layout_key(sinks), dropout_p, type(dropout_p))
+
+
+#: attention's checked call signatures (the value is only a mark: the checks passed).
+_PUBLIC_CALLS = SignatureCache()
+
+
+def _check_public(q, k, v, causal, scale, key_padding_mask, window, softcap, sinks,
+                  dropout_p) -> bool:
+    """attention's checks on its (B, H, N, D) or (H, N, D) arguments."""
+    _check_qkv(q, k, v)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    _check_scale(scale, allow_none=True)
+    if q.dim() == 3:
+        q, k = q[None], k[None]
         if isinstance(key_padding_mask, torch.Tensor):
             if key_padding_mask.dim() != 1:
                 raise ValueError(f"key_padding_mask must have shape (Nk,) = ({k.shape[2]},) for "
                                  f"3-D inputs, got {tuple(key_padding_mask.shape)}")
             key_padding_mask = key_padding_mask[None]
     _check_features(q, k, key_padding_mask, window, softcap, sinks, dropout_p)
-    seed = dropout_seed(q.device) if dropout_p > 0 else None
-    out, _ = attention_forward(q, k, v, causal, sm_scale, key_padding_mask, window,
-                               _float_or_none(softcap), sinks, float(dropout_p), seed)
-    return out[0] if three_d else out
+    return True
 
 
 def _float_or_none(x):
