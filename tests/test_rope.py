@@ -9,10 +9,13 @@ product and the sum in the output dtype: against it, two more roundings (fp16: ~
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 import triton_workshop  # noqa: F401  (decides interpreter-or-GPU before the kernels import)
+from triton_workshop.ops import rope as rope_ops
 from triton_workshop.ops.rope import rope
 from triton_workshop.runtime import DEVICE, INTERPRET
 
@@ -117,10 +120,19 @@ def _check(q, k, cos, sin, unsqueeze_dim=1, convention="llama", reference=None):
         torch.testing.assert_close(g.double(), r, rtol=4 * tol["rtol"], atol=tol["atol"] + scale)
 
 
+@pytest.fixture(params=["by halves", "lane by lane"])
+def rotate_half_path(request, monkeypatch):
+    """Both ways the kernel reads rotate_half's pairs: two contiguous halves of each head (the
+    default for an even rotated width), or each lane with its gathered partner (odd widths)."""
+    monkeypatch.setattr(rope_ops, "TUNING", dataclasses.replace(
+        rope_ops.TUNING, by_halves=request.param == "by halves"))
+    return request.param
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("head_dim,rot", [(64, 64), (80, 80), (128, 128), (80, 32), (64, 16),
                                           (128, 24), (96, 40)], ids=str)
-def test_llama_layout_against_transformers(nan_outputs, head_dim, rot, dtype):
+def test_llama_layout_against_transformers(nan_outputs, rotate_half_path, head_dim, rot, dtype):
     # Hugging Face's layout: the projection's (batch, tokens, heads, head_dim) transposed to
     # (batch, heads, tokens, head_dim), cos/sin (batch, tokens, rot) unsqueezed at 1. GQA: k has
     # fewer heads.
@@ -134,7 +146,8 @@ def test_llama_layout_against_transformers(nan_outputs, head_dim, rot, dtype):
 
 @pytest.mark.parametrize("convention", ["glm", "cohere", "gpt_oss"])
 @pytest.mark.parametrize("head_dim,rot", [(64, 64), (80, 40), (128, 128)], ids=str)
-def test_other_conventions_against_transformers(nan_outputs, convention, head_dim, rot):
+def test_other_conventions_against_transformers(nan_outputs, rotate_half_path, convention,
+                                                head_dim, rot):
     if convention != "glm" and rot != head_dim:
         pytest.skip("Cohere's and gpt-oss's functions rotate whole heads")
     layout = FAMILIES[convention][1]

@@ -67,6 +67,9 @@ class RopeTuning:
     #: Elements of one tile of heads (``heads x next_power_of_2(head_dim)``): a token's 32 heads
     #: of 128 lanes are one tile; more heads loop over tiles.
     tile_elems: int = 4096
+    #: rotate_half with an even rotated width read as two halves of each head (contiguous,
+    #: vectorised loads), not lane by lane with a gathered partner.
+    by_halves: bool = True
 
 
 #: The tuning every launch reads (at call time: a replaced object takes effect at once).
@@ -122,8 +125,15 @@ def _plan(n_tokens: int, seq_len: int, n_q_heads: int, n_k_heads: int, head_dim:
     consts = dict(INTERLEAVED=conv.interleaved, COS_PER_PAIR=conv.cos_per_pair,
                   BACKWARD=backward, BLOCK_HQ=block_hq, BLOCK_HK=block_hk, BLOCK_D=block_d,
                   num_warps=num_warps_for(max(block_hq, block_hk) * block_d))
+    if tuning.by_halves and not conv.interleaved and rot_dim % 2 == 0:
+        # rotate_half's pairs are the two halves: two contiguous loads per head (see
+        # kernels._rotate_heads_halves), the lanes past rot_dim copied apart.
+        tail = head_dim - rot_dim
+        consts.update(HALVES=True, BLOCK_HALF=runtime.next_power_of_2(max(rot_dim // 2, 1)),
+                      BLOCK_TAIL=runtime.next_power_of_2(tail) if tail else 0)
     return LaunchPlan(rope_kernel, (n_tokens,),
-                      (seq_len, n_q_heads, n_k_heads, head_dim, rot_dim, *strides), consts)
+                      (seq_len, n_q_heads, n_k_heads, head_dim, rot_dim, rot_dim // 2, *strides),
+                      consts)
 
 
 def _rotate(q, k, cos, sin, q_out, k_out, unsqueeze_dim: int, convention: str,

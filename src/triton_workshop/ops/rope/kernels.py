@@ -92,9 +92,50 @@ def _rotate_heads(
 
 
 @triton.jit
+def _rotate_heads_halves(
+    x_ptr, out_ptr, x_head_stride, x_lane_stride, out_head_stride, out_lane_stride,
+    n_heads, half, rot_dim, head_dim, cos1, cos2, sin1, sin2,
+    BACKWARD: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    BLOCK_TAIL: tl.constexpr,
+):
+    """:func:`_rotate_heads` for ``rotate_half`` with an even rotated width: each head read as its
+    two halves ``x1 = x[:R/2]``, ``x2 = x[R/2:R]`` (two contiguous loads that vectorise, where a
+    partner gathered through a computed lane index is read one element at a time), then
+
+        forward:   (x1 cos1 - x2 sin1,  x2 cos2 + x1 sin2)
+        backward:  (x1 cos1 + x2 sin2,  x2 cos2 - x1 sin1)
+
+    with ``cos1``/``sin1`` the first half's columns and ``cos2``/``sin2`` the second's; the lanes
+    past ``R`` are copied."""
+    j = tl.arange(0, BLOCK_HALF)[None, :]
+    for first_head in range(0, n_heads, BLOCK_H):
+        heads = (first_head + tl.arange(0, BLOCK_H)).to(tl.int64)[:, None]
+        head_mask = heads < n_heads
+        mask = head_mask & (j < half)
+        x_row = x_ptr + heads * x_head_stride
+        out_row = out_ptr + heads * out_head_stride
+        x1 = tl.load(x_row + j * x_lane_stride, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(x_row + (j + half) * x_lane_stride, mask=mask, other=0.0).to(tl.float32)
+        if BACKWARD:
+            out1 = x1 * cos1 + x2 * sin2
+            out2 = x2 * cos2 - x1 * sin1
+        else:
+            out1 = x1 * cos1 - x2 * sin1
+            out2 = x2 * cos2 + x1 * sin2
+        out_ty = out_ptr.dtype.element_ty
+        tl.store(out_row + j * out_lane_stride, out1.to(out_ty), mask=mask)
+        tl.store(out_row + (j + half) * out_lane_stride, out2.to(out_ty), mask=mask)
+        if BLOCK_TAIL > 0:  # partial rotary: the lanes past R pass through
+            t = rot_dim + tl.arange(0, BLOCK_TAIL)[None, :]
+            tail_mask = head_mask & (t < head_dim)
+            tail = tl.load(x_row + t * x_lane_stride, mask=tail_mask)
+            tl.store(out_row + t * out_lane_stride, tail.to(out_ty), mask=tail_mask)
+
+
+@triton.jit
 def rope_kernel(
     q_ptr, k_ptr, cos_ptr, sin_ptr, q_out_ptr, k_out_ptr,
-    seq_len, n_q_heads, n_k_heads, head_dim, rot_dim,
+    seq_len, n_q_heads, n_k_heads, head_dim, rot_dim, half,
     q_stride_b, q_stride_s, q_stride_h, q_stride_d,
     k_stride_b, k_stride_s, k_stride_h, k_stride_d,
     q_out_stride_b, q_out_stride_s, q_out_stride_h, q_out_stride_d,
@@ -103,13 +144,42 @@ def rope_kernel(
     sin_stride_b, sin_stride_s, sin_stride_d,
     INTERLEAVED: tl.constexpr, COS_PER_PAIR: tl.constexpr, BACKWARD: tl.constexpr,
     BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_D: tl.constexpr,
+    HALVES: tl.constexpr = False, BLOCK_HALF: tl.constexpr = 1, BLOCK_TAIL: tl.constexpr = 0,
 ):
     """Rotate (``BACKWARD``: rotate back) every q and k head of token ``program_id`` of a
     ``(batch, seq_len)`` grid of tokens. Operands are indexed ``(batch, token, head, lane)``;
-    ``cos``/``sin`` ``(batch, token, column)``, broadcast dims with stride 0."""
+    ``cos``/``sin`` ``(batch, token, column)``, broadcast dims with stride 0. ``HALVES``:
+    ``rotate_half`` with an even ``rot_dim`` (``half`` = ``rot_dim // 2``), read by halves."""
     token = tl.program_id(0).to(tl.int64)
     b = token // seq_len
     s = token - b * seq_len
+    if HALVES:
+        j = tl.arange(0, BLOCK_HALF)
+        cos_row = cos_ptr + b * cos_stride_b + s * cos_stride_s
+        sin_row = sin_ptr + b * sin_stride_b + s * sin_stride_s
+        cos1 = tl.load(cos_row + j * cos_stride_d, mask=j < half, other=0.0).to(tl.float32)
+        sin1 = tl.load(sin_row + j * sin_stride_d, mask=j < half, other=0.0).to(tl.float32)
+        if COS_PER_PAIR:  # one column per pair: both halves read column j
+            cos2 = cos1
+            sin2 = sin1
+        else:
+            cos2 = tl.load(cos_row + (j + half) * cos_stride_d, mask=j < half,
+                           other=0.0).to(tl.float32)
+            sin2 = tl.load(sin_row + (j + half) * sin_stride_d, mask=j < half,
+                           other=0.0).to(tl.float32)
+        _rotate_heads_halves(q_ptr + b * q_stride_b + s * q_stride_s,
+                             q_out_ptr + b * q_out_stride_b + s * q_out_stride_s,
+                             q_stride_h, q_stride_d, q_out_stride_h, q_out_stride_d,
+                             n_q_heads, half, rot_dim, head_dim, cos1[None, :], cos2[None, :],
+                             sin1[None, :], sin2[None, :], BACKWARD, BLOCK_HQ, BLOCK_HALF,
+                             BLOCK_TAIL)
+        _rotate_heads_halves(k_ptr + b * k_stride_b + s * k_stride_s,
+                             k_out_ptr + b * k_out_stride_b + s * k_out_stride_s,
+                             k_stride_h, k_stride_d, k_out_stride_h, k_out_stride_d,
+                             n_k_heads, half, rot_dim, head_dim, cos1[None, :], cos2[None, :],
+                             sin1[None, :], sin2[None, :], BACKWARD, BLOCK_HK, BLOCK_HALF,
+                             BLOCK_TAIL)
+        return
     lanes = tl.arange(0, BLOCK_D)
     rotated = lanes < rot_dim
     source = _source_lane(lanes, rot_dim, INTERLEAVED, BACKWARD)
