@@ -226,3 +226,168 @@ def test_the_host_probe_runs_with_launches_stubbed(tmp_path):
     assert rows[0].startswith("op,pass,ours_us,torch_us")
     assert {r.split(",")[0] for r in rows[1:]} == {"linear", "add"}
     assert not any("error" in r for r in rows[1:]), rows
+
+
+# --------------------------------------------------------------------------------------------
+# The memory-bound ops: an eager call of layouts seen before goes straight to its launch.
+# --------------------------------------------------------------------------------------------
+from triton_workshop.ops import cross_entropy as ce_module  # noqa: E402
+from triton_workshop.ops import elementwise as elementwise_module  # noqa: E402
+from triton_workshop.ops import glu as glu_module  # noqa: E402
+from triton_workshop.ops import layer_norm as layer_norm_module  # noqa: E402
+from triton_workshop.ops import rms_norm as rms_norm_module  # noqa: E402
+from triton_workshop.ops import softmax as softmax_module  # noqa: E402
+
+_LABELS = torch.tensor([3, 0, 7, -100, 1, 15], device=DEVICE)
+
+#: name -> (module, its check function, ours(x, y), torch's(x, y)) over (6, 16) operands.
+_KEPT_OPS = {
+    "softmax": (softmax_module, "_check_args", lambda x, y: tw.softmax(x, -1),
+                lambda x, y: torch.softmax(x, -1)),
+    "swiglu": (glu_module, "_check_args", glu_module.swiglu, lambda x, y: F.silu(x) * y),
+    "geglu": (glu_module, "_check_args", glu_module.geglu,
+              lambda x, y: F.gelu(x, approximate="tanh") * y),
+    "add": (elementwise_module, "_check", tw.add, torch.add),
+    "fused_mul_add_sqrt": (elementwise_module, "_check",
+                           lambda x, y: tw.fused_mul_add_sqrt(x.abs(), y.abs(), x.abs()),
+                           lambda x, y: torch.sqrt(x.abs() * y.abs() + x.abs())),
+    "rms_norm": (rms_norm_module, "_check_arguments",
+                 lambda x, y: rms_norm_module.rms_norm(x, (16,), y[0]),
+                 lambda x, y: F.rms_norm(x, (16,), y[0])),
+    "add_rms_norm": (rms_norm_module, "_check_arguments",
+                     lambda x, y: torch.cat(rms_norm_module.add_rms_norm(x, y, (16,), y[1])),
+                     lambda x, y: torch.cat((F.rms_norm(x + y, (16,), y[1]), x + y))),
+    "layer_norm": (layer_norm_module, "_check_args",
+                   lambda x, y: tw.layer_norm(x, (16,), y[0], y[1]),
+                   lambda x, y: F.layer_norm(x, (16,), y[0], y[1])),
+    "cross_entropy": (ce_module, "_check_cross_entropy",
+                      lambda x, y: ce_module.cross_entropy(x, _LABELS),
+                      lambda x, y: F.cross_entropy(x, _LABELS)),
+}
+
+
+def _forget_kept(module):
+    for name in ("_READY", "_CALLS"):
+        getattr(module, name).clear()
+
+
+@pytest.mark.parametrize("name", list(_KEPT_OPS))
+def test_a_repeated_eager_call_is_checked_once_and_stays_right(name, monkeypatch):
+    module, check, ours, theirs = _KEPT_OPS[name]
+    _forget_kept(module)
+    checks = _count_calls(monkeypatch, module, check)
+    x, y = _rand(6, 16, seed=30), _rand(6, 16, seed=31)
+    for seed in range(3):  # other tensors of the same layouts: nothing checked again
+        x, y = _rand(6, 16, seed=30 + seed), _rand(6, 16, seed=40 + seed)
+        torch.testing.assert_close(ours(x, y), theirs(x, y))
+    assert len(checks) == 1
+    # Another dtype, another stride (a transposed copy viewed back), or autograd: right again.
+    torch.testing.assert_close(ours(x.double() if name in ("softmax", "layer_norm", "rms_norm",
+                                                            "add_rms_norm") else x.half(),
+                                    y.double() if name in ("softmax", "layer_norm", "rms_norm",
+                                                            "add_rms_norm") else y.half()).float(),
+                               theirs(x, y), atol=2e-3, rtol=2e-3)
+    assert len(checks) == 2
+    xt = x.t().contiguous().t()  # (6, 16) with strides (1, 6): its own launch
+    for _ in range(2):
+        torch.testing.assert_close(ours(xt, y), theirs(xt, y))
+    xg, yg = x.clone().requires_grad_(), y.clone().requires_grad_()
+    xr, yr = x.clone().requires_grad_(), y.clone().requires_grad_()
+    g = torch.randn_like(theirs(x, y))
+    for _ in range(2):  # the kept signature, now recording for autograd
+        xg.grad = yg.grad = xr.grad = yr.grad = None
+        out = ours(xg, yg)
+        assert out.grad_fn is not None
+        out.backward(g)
+        theirs(xr, yr).backward(g)
+        torch.testing.assert_close(xg.grad, xr.grad, atol=1e-5, rtol=1e-4)
+        if yr.grad is not None:
+            torch.testing.assert_close(yg.grad, yr.grad, atol=1e-5, rtol=1e-4)
+    with torch.no_grad():  # tensors that require grad, autograd off: the plain launch
+        torch.testing.assert_close(ours(xg, yg), theirs(x, y))
+
+
+def test_a_kept_eager_signature_still_refuses_what_differs():
+    x, y, w = _rand(4, 16, seed=60), _rand(4, 16, seed=61), _rand(16, seed=62)
+    tw.softmax(x, -1)
+    tw.softmax(x, -1)
+    with pytest.raises(IndexError, match="^dim must be in"):
+        tw.softmax(x, 2)
+    with pytest.raises(TypeError, match="^dim must be an int, got bool"):
+        tw.softmax(x, True)  # True == 1: a key of its own
+    glu_module.swiglu(x, y)
+    glu_module.swiglu(x, y)
+    with pytest.raises(ValueError, match="^gate and up must have the same shape"):
+        glu_module.swiglu(x, y[:3])
+    with pytest.raises(TypeError, match="^gate must be a torch.Tensor"):
+        glu_module.swiglu(x.tolist(), y)
+    glu_module.geglu(x, y)
+    with pytest.raises(ValueError, match="^approximate must be 'none' or 'tanh'"):
+        glu_module.geglu(x, y, "silu")
+    with pytest.raises(TypeError, match="^approximate must be a str, got NoneType"):
+        glu_module.geglu(x, y, None)
+    tw.add(x, y)
+    tw.add(x, y)
+    with pytest.raises(TypeError, match="^y must have dtype in"):
+        tw.add(x, y.long())
+    rms_norm_module.rms_norm(x, (16,), w, 1e-6)
+    rms_norm_module.rms_norm(x, (16,), w, 1e-6)
+    with pytest.raises(ValueError, match="^eps must be >= 0"):
+        rms_norm_module.rms_norm(x, (16,), w, -1e-6)
+    with pytest.raises(ValueError, match="^weight must have shape"):
+        rms_norm_module.rms_norm(x, (16,), w[:8], 1e-6)
+    with pytest.raises(ValueError, match="^residual must have the shape of x"):
+        rms_norm_module.add_rms_norm(x, y[:2], (16,), w)
+    tw.layer_norm(x, (16,), w, w)
+    tw.layer_norm(x, (16,), w, w)
+    with pytest.raises(TypeError, match="^eps must be a float, got bool"):
+        tw.layer_norm(x, (16,), w, w, True)
+    labels = _LABELS[:4]
+    ce_module.cross_entropy(x, labels)
+    ce_module.cross_entropy(x, labels)
+    with pytest.raises(TypeError, match="^target must have dtype in"):
+        ce_module.cross_entropy(x, labels.int())
+    with pytest.raises(ValueError, match="^reduction must be one of"):
+        ce_module.cross_entropy(x, labels, reduction="avg")
+
+
+def test_eager_path_says_which_way_a_call_goes():
+    op = softmax_module.softmax_forward
+    x = _rand(2, 8, seed=63)
+    xg = x.clone().requires_grad_()
+    assert op.eager_path(x, -1) == runtime.PLAIN
+    assert op.eager_path(xg, -1) == runtime.RECORD
+    with torch.no_grad():
+        assert op.eager_path(xg, -1) == runtime.PLAIN
+
+    class Marked(torch.Tensor):
+        pass
+
+    assert op.eager_path(x.as_subclass(Marked), -1) == 0
+    assert op.eager_path(torch.nn.Parameter(x), -1) == runtime.RECORD
+
+
+def test_kept_eager_launches_follow_a_replaced_tuning(monkeypatch):
+    x = _rand(4, 300, seed=64)
+    for _ in range(2):
+        torch.testing.assert_close(tw.softmax(x), torch.softmax(x, -1))
+    monkeypatch.setattr(softmax_module, "TUNING", dataclasses.replace(
+        softmax_module.TUNING, single_block_max_cols=256, chunk_cols=64))
+    for _ in range(2):
+        torch.testing.assert_close(tw.softmax(x), torch.softmax(x, -1))
+    kept = [plan for _, plan in softmax_module._READY.values()]
+    assert [plan.kernel for plan in kept] == [softmax_module.softmax_fwd_online_kernel]
+
+
+def test_cross_entropy_mean_backward_divides_by_its_own_count():
+    """The backward of a mean takes the count of targets its forward made: calls in between
+    (another target, no autograd) leave it alone."""
+    x = _rand(6, 16, seed=65, grad=True)
+    ref = x.detach().clone().requires_grad_()
+    loss = ce_module.cross_entropy(x, _LABELS)
+    with torch.no_grad():
+        ce_module.cross_entropy(x, torch.full_like(_LABELS, -100))
+    ce_module.cross_entropy(x.detach(), _LABELS[[1, 0, 2, 3, 4, 5]])
+    loss.backward()
+    F.cross_entropy(ref, _LABELS).backward()
+    torch.testing.assert_close(x.grad, ref.grad)

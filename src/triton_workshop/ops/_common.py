@@ -90,6 +90,17 @@ class SignatureCache(dict):
     def __init__(self, maxsize: int = 1024):
         super().__init__()
         self.maxsize = maxsize
+        #: The tuning object the entries were worked out under (see :meth:`under`).
+        self.tuning = None
+
+    def under(self, tuning) -> "SignatureCache":
+        """This cache, emptied first if its entries were worked out under another tuning object
+        than ``tuning``: a launcher's plans keyed without the tuning (hashing a dataclass costs
+        more than the rest of the key) are still never stale when a test replaces it."""
+        if tuning is not self.tuning:
+            self.clear()
+            self.tuning = tuning
+        return self
 
     def checked(self, key_of: Callable, check: Callable, *args):
         """``check(*args)`` (the checks, which raise on a bad argument, and what they conclude),

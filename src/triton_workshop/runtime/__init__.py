@@ -46,6 +46,8 @@ from .launch import (  # noqa: E402
 )
 from . import registry  # noqa: E402
 from .registry import (  # noqa: E402
+    PLAIN,
+    RECORD,
     AutocastPolicy,
     RegisteredOp,
     eager_backward,
@@ -67,6 +69,6 @@ __all__ = [
     "num_warps_for", "row_tile", "shared_memory_limit",
     "FastLaunch", "PreparedLaunch", "device_guard", "fast_launcher", "launch_ready",
     "stub_launches",
-    "AutocastPolicy", "RegisteredOp", "eager_backward", "follows_autocast", "launch_directly",
-    "launch_kernel", "launching_directly", "register_op", "wrap_triton",
+    "PLAIN", "RECORD", "AutocastPolicy", "RegisteredOp", "eager_backward", "follows_autocast",
+    "launch_directly", "launch_kernel", "launching_directly", "register_op", "wrap_triton",
 ]

@@ -504,7 +504,11 @@ def launch_ready(prepared: dict, tensors: tuple, scalars: tuple) -> bool:
     each launch, the current stream, the C launcher."""
     if not FAST_LAUNCH:
         return False
-    ready = prepared.get((tensors[0].get_device(), *[t.data_ptr() & 15 == 0 for t in tensors]))
+    # _ready_key inline (this runs at every launch).
+    bits = 0
+    for t in tensors:
+        bits |= t.data_ptr()
+    ready = prepared.get(tensors[0].get_device() if bits & 15 == 0 else _ready_key(tensors))
     if ready is None:
         return False
     compiled, grid3, tail, run, device, jit = ready.entry
@@ -552,6 +556,18 @@ class PreparedLaunch:
         self.kernel[self.grid](*args, **self.kwargs)
 
 
+def _ready_key(tensors: tuple):
+    """The key of a :class:`PreparedLaunch` in a plan's ``prepared`` dict: the device, and the
+    16-byte alignment of each tensor's data (all Triton specialises a pointer on). The usual
+    case, every pointer aligned, is the device index alone (an int: never equal to the tuple of
+    a mixed case)."""
+    # The device of the first tensor is the current one (launchers launch under device_guard);
+    # get_device() is cheaper than asking CUDA, on autograd's device thread especially.
+    device = tensors[0].get_device()
+    flags = tuple([t.data_ptr() & 15 == 0 for t in tensors])
+    return device if all(flags) else (device, *flags)
+
+
 def launch_prepared(kernel, grid, tensors: tuple, scalars: tuple, consts: dict, prepared: dict) -> None:
     """An eager ``kernel[grid](*tensors, *scalars, **consts)`` for a launcher that has a plan.
 
@@ -559,9 +575,7 @@ def launch_prepared(kernel, grid, tensors: tuple, scalars: tuple, consts: dict, 
     ``scalars``, ``consts`` and the dtypes of ``tensors``. The first launch per device and
     pointer alignment goes through :class:`FastLaunch` (Triton compiles or finds the kernel);
     later ones reuse it as a :class:`PreparedLaunch`."""
-    # The device of the first tensor is the current one (launchers launch under device_guard);
-    # get_device() is cheaper than asking CUDA, on autograd's device thread especially.
-    key = (tensors[0].get_device(), *[t.data_ptr() % 16 == 0 for t in tensors])
+    key = _ready_key(tensors)
     launch_ = prepared.get(key)
     if launch_ is not None:
         launch_(*tensors, *scalars)

@@ -44,6 +44,23 @@ class LaunchPlan:
         registry.launch_kernel(self.kernel, self.grid, tensors, self.scalars, self.consts,
                                self.prepared)
 
+    def launch_eager(self, *tensors) -> None:
+        """:meth:`launch` from code known to run eagerly and untraced (an eager autograd
+        backward, see :func:`.registry.eager_backward`), as if under
+        :func:`.registry.launch_directly`, without its wrapper around the caller."""
+        if registry.launch_kernel is _LAUNCH_KERNEL and launch.launch_ready(
+                self.prepared, tensors, self.scalars):
+            return
+        direct = registry._direct
+        if getattr(direct, "on", False):
+            self.launch(*tensors)
+            return
+        direct.on = True
+        try:
+            self.launch(*tensors)
+        finally:
+            direct.on = False
+
 
 def plan_cache(maxsize: int = 1024) -> Callable[[Callable], Callable]:
     """Cache a plan function on its arguments (shapes, strides, dtypes, the tuning object).

@@ -201,7 +201,8 @@ class AutocastPolicy:
         """The dtype this op's floating-point inputs on ``device_type`` are cast to now (None:
         autocast is off for that device type, or the op is not on its lists there)."""
         rule = self.rules.get(device_type)
-        if rule is None or not torch.is_autocast_enabled(device_type):
+        # _any_autocast first: one C call while autocast is off everywhere (the usual case).
+        if rule is None or not _any_autocast() or not torch.is_autocast_enabled(device_type):
             return None
         if rule == LOWER_PRECISION_FP:
             return torch.get_autocast_dtype(device_type)
@@ -353,6 +354,7 @@ class RegisteredOp:
         self._function = None
         #: ``self._function.apply`` without the Python layer in front of torch's C entry point.
         self._apply = None
+        self.record = None
         #: How this op follows ``torch.autocast`` (declared by ``register_op(autocast=...)``).
         self.autocast_policy = autocast_policy if autocast_policy is not None else AutocastPolicy()
         self._casts = bool(self.autocast_policy.rules)
@@ -381,13 +383,37 @@ class RegisteredOp:
                     setup_context(ctx, args, output)
                 return output
 
-            @staticmethod
-            def backward(ctx, *grads):
-                return backward(ctx, *grads)
-
+        # The op's backward itself: no frame of ours between autograd and it.
+        EagerAutograd.backward = staticmethod(backward)
         EagerAutograd.__name__ = f"{self._op._name}_autograd"
         self._function = EagerAutograd
         self._apply = _c_apply(EagerAutograd)
+        #: The eager autograd Function's apply, for a caller that :meth:`eager_path` sent down
+        #: the ``RECORD`` path.
+        self.record = self._apply
+
+    def eager_path(self, *args) -> int:
+        """How :meth:`__call__` would run a call with these positional arguments: ``PLAIN`` (the
+        launcher itself, no autograd), ``RECORD`` (the eager autograd Function) or 0 (anything
+        else: tracing, a dispatch mode or functorch transform, a tensor subclass, autocast casts
+        to apply, or no eager Function). A public function whose checks and launch decisions for
+        these arguments are kept may then take that path itself (allocate and launch with
+        :meth:`.plans.LaunchPlan.launch_eager`; or :attr:`record`), with nothing in between."""
+        if (_is_compiling() or _jit_tracing() or _dispatch_modes()
+                or _functorch_stack() is not None or (self._casts and _any_autocast())):
+            return 0
+        grad = _grad_enabled()
+        record = False
+        for a in args:
+            cls = type(a)
+            if cls is _Tensor or cls is _Parameter:
+                if grad and not record and a.requires_grad:
+                    record = True
+            elif isinstance(a, _Tensor):
+                return 0
+        if record:
+            return RECORD if self._apply is not None else 0
+        return PLAIN
 
     def __call__(self, *args, **kwargs):
         # One C call each: torch.compile tracing, jit tracing, a dispatch mode (make_fx,
@@ -434,6 +460,11 @@ class RegisteredOp:
         if self._function is not None and not kwargs:
             return self._function.apply(*args)
         return self._op(*args, **kwargs)
+
+
+#: :meth:`RegisteredOp.eager_path`'s answers besides 0.
+PLAIN = 1
+RECORD = 2
 
 
 def _c_apply(function_class):

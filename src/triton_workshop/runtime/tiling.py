@@ -97,7 +97,11 @@ def _quick_timing(kernel_call, quantiles=None, **kwargs):
 
 def num_sms(device: torch.device | None = None) -> int:
     """Streaming multiprocessors of ``device`` (4 in the interpreter, which has none)."""
-    if mode.INTERPRET or not torch.cuda.is_available():
+    if mode.INTERPRET:
+        return 4
+    if device is not None and device.index is not None and device.type == "cuda":
+        return _num_sms(device.index)  # a CUDA tensor's device: CUDA is there, no need to ask
+    if not torch.cuda.is_available():
         return 4
     index = device.index if device is not None and device.index is not None else None
     return _num_sms(torch.cuda.current_device() if index is None else index)

@@ -15,6 +15,7 @@ where it goes is in docs/kernels/cross_entropy.md.
 from __future__ import annotations
 
 import numbers
+import threading
 from dataclasses import dataclass
 from typing import Optional
 
@@ -23,7 +24,7 @@ import torch.nn.functional as F
 
 from ... import runtime
 from ...runtime import FLOAT_DTYPES, LaunchPlan, chunk_tile, plan_cache, register_op
-from .._common import SignatureCache, layout_key
+from .._common import UNKEYABLE, SignatureCache, layout_key
 from .kernels import cross_entropy_bwd_kernel, cross_entropy_fwd_kernel
 
 __all__ = [
@@ -115,13 +116,41 @@ def _count_valid(target: torch.Tensor, ignore_index: int) -> torch.Tensor:
     return (target != ignore_index).sum()
 
 
-def _reduce(loss_rows: torch.Tensor, target, ignore_index: int, reduction: str) -> torch.Tensor:
+def _reduce(loss_rows: torch.Tensor, target, ignore_index: int, reduction: str,
+            out_dtype: torch.dtype | None = None, count: torch.Tensor | None = None
+            ) -> torch.Tensor:
     """torch's reductions of the per-row losses (ignored rows hold 0): a mean over no target is
-    0 / 0 = NaN, as torch gives."""
+    0 / 0 = NaN, as torch gives (``count``: a mean's count of targets when already counted).
+    With ``out_dtype`` (cross_entropy), the loss in that dtype, and a mean's count kept for the
+    backward of the call (:func:`_counted`)."""
     if reduction == "none":
-        return loss_rows
-    total = loss_rows.sum()
-    return total if reduction == "sum" else total / _count_valid(target, ignore_index)
+        loss = loss_rows
+    elif reduction == "sum":
+        loss = loss_rows.sum()
+    else:
+        if count is None:
+            count = _count_valid(target, ignore_index)
+        loss = loss_rows.sum() / count
+    if out_dtype is None:
+        return loss
+    if loss.dtype != out_dtype:
+        loss = loss.to(out_dtype)
+    if reduction == "mean" and runtime.launching_directly():  # eager, not traced
+        _LAST_COUNT.kept = (loss, count)
+    return loss
+
+
+#: The count of targets of this thread's last mean, with the loss it divided: an eager
+#: autograd forward's setup_context takes it for the backward (:func:`_counted`).
+_LAST_COUNT = threading.local()
+
+
+def _counted(loss: torch.Tensor):
+    """The count of targets that ``loss`` (a mean just computed on this thread) was divided
+    by, or None where it is not the last one kept."""
+    kept = getattr(_LAST_COUNT, "kept", None)
+    _LAST_COUNT.kept = None
+    return kept[1] if kept is not None and kept[0] is loss else None
 
 
 def _grad_scale(grad_loss: torch.Tensor, target, ignore_index: int, reduction: str):
@@ -161,7 +190,7 @@ def cross_entropy_forward(
     if n_rows:
         _launch_forward(x, target, lse, loss_rows, lse, ignore_index, label_smoothing,
                         compute_grad=False)  # ``lse`` stands in for the scale: never read
-    return _reduce(loss_rows, target, ignore_index, reduction).to(out_dtype), lse
+    return _reduce(loss_rows, target, ignore_index, reduction, out_dtype), lse
 
 
 def _cross_entropy_backward_fake(grad_loss, x, target, lse, ignore_index, reduction,
@@ -204,14 +233,18 @@ def _cross_entropy_setup_context(ctx, inputs, output):
         ctx.backward_plan = _backward_plan(
             n_rows, n_cols, (x.dtype, target.dtype, lse.dtype, torch.float32, x.dtype),
             x.stride(), target.stride(0), 0, n_cols, ignore_index, label_smoothing, TUNING)
+        # A mean's count of targets, from the forward: not counted again in the backward.
+        ctx.count = _counted(output[0]) if reduction == "mean" else None
 
 
-@runtime.launch_directly
-def _cross_entropy_backward_planned(plan, grad_loss, x, target, lse, ignore_index, reduction):
-    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    scale = _grad_scale(grad_loss, target, ignore_index, reduction)
-    with runtime.device_guard(x):
-        plan.launch(x, target, lse, scale, dx)
+def _cross_entropy_backward_planned(plan, grad_loss, x, target, lse, ignore_index, reduction,
+                                    count=None):
+    dx = torch.empty_like(x, memory_format=torch.contiguous_format)
+    if count is not None:
+        scale = grad_loss.float() / count
+    else:
+        scale = _grad_scale(grad_loss, target, ignore_index, reduction)
+    plan.launch_eager(x, target, lse, scale, dx)
     return dx
 
 
@@ -223,7 +256,7 @@ def _cross_entropy_backward_autograd(ctx, grad_loss, _grad_lse):
     if plan is not None and runtime.eager_backward():
         # Autograd runs a CUDA backward on its device thread, already on x's device.
         dx = _cross_entropy_backward_planned(plan, grad_loss, x, target, lse,
-                                             *ctx.loss_args[:2])
+                                             *ctx.loss_args[:2], getattr(ctx, "count", None))
     else:
         dx = cross_entropy_backward(grad_loss, x, target, lse, *ctx.loss_args)
     return dx, None, None, None, None, None
@@ -251,11 +284,17 @@ def _new_grads(x, weight, bias, need):
     chunk; the first chunk's product is written, so it needs no zeros unless there are no
     tokens), ``grad_bias`` accumulated in fp32 (only V values)."""
     need_x, need_w, need_b = need
-    grad_x = x.new_empty(x.shape if need_x else (0,))
-    new_w = torch.empty if x.shape[0] else torch.zeros
-    grad_w = new_w(weight.shape, dtype=weight.dtype, device=weight.device) if need_w \
-        else weight.new_empty(0)
-    grad_b = x.new_zeros(weight.shape[0] if need_b else 0, dtype=torch.float32)
+    # Allocated like x and weight, or by an int: cheaper on the host than by a shape.
+    grad_x = (torch.empty_like(x, memory_format=torch.contiguous_format) if need_x
+              else x.new_empty(0))
+    if not need_w:
+        grad_w = weight.new_empty(0)
+    elif x.shape[0]:
+        grad_w = torch.empty_like(weight, memory_format=torch.contiguous_format)
+    else:
+        grad_w = torch.zeros_like(weight, memory_format=torch.contiguous_format)
+    grad_b = (x.new_zeros(weight.shape[0], dtype=torch.float32) if need_b
+              else x.new_empty(0, dtype=torch.float32))
     return grad_x, grad_w, grad_b
 
 
@@ -272,16 +311,21 @@ def _linear_cross_entropy_chunks(x, weight, bias, target, ignore_index, smoothin
     step = chunk_rows(weight.shape[0], x.dtype.itemsize)
     for start in range(0, n_rows, step):
         end = min(start + step, n_rows)
-        x_chunk = x[start:end]
+        if end - start == n_rows:  # one chunk (the usual case for small batches): no slices
+            x_chunk, target_chunk, lse_chunk, row_scale = x, target, lse, scale
+            loss_chunk = loss_rows
+        else:
+            x_chunk, target_chunk, lse_chunk = x[start:end], target[start:end], lse[start:end]
+            row_scale = scale[start:end] if scale.dim() else scale
+            loss_chunk = loss_rows[start:end] if loss_rows is not None else None
         # The logits as the reference gets them (F.linear in the input's dtype); the kernels
         # read them as fp32, which is what the reference's .float() gives, exactly.
         logits = F.linear(x_chunk, weight, bias)
-        row_scale = scale[start:end] if scale.dim() else scale
         if loss_rows is not None:
-            _launch_forward(logits, target[start:end], row_scale, loss_rows[start:end],
-                            lse[start:end], ignore_index, smoothing, compute_grad)
+            _launch_forward(logits, target_chunk, row_scale, loss_chunk, lse_chunk,
+                            ignore_index, smoothing, compute_grad)
         else:
-            _launch_backward(logits, target[start:end], lse[start:end], row_scale, logits,
+            _launch_backward(logits, target_chunk, lse_chunk, row_scale, logits,
                              ignore_index, smoothing)
         if not compute_grad:
             continue
@@ -301,7 +345,8 @@ def _finish_grads(grads, x, bias):
     """The gradients as returned: ``grad_bias`` (or its placeholder) in bias's dtype, x's when
     there is no bias (what the fake functions promise)."""
     grad_x, grad_w, grad_b = grads
-    return grad_x, grad_w, grad_b.to((bias if bias is not None else x).dtype)
+    dtype = (bias if bias is not None else x).dtype
+    return grad_x, grad_w, grad_b if grad_b.dtype == dtype else grad_b.to(dtype)
 
 
 def _linear_forward_fake(x, weight, target, bias, ignore_index, reduction, label_smoothing,
@@ -341,12 +386,16 @@ def linear_cross_entropy_forward(
     in_forward = reduction != "none"
     grads = _new_grads(x, weight, bias, (need_x and in_forward, need_w and in_forward,
                                          need_b and in_forward and bias is not None))
-    scale = loss_rows.new_ones(())
-    if reduction == "mean":
-        scale = scale / _count_valid(target, ignore_index)
+    count = _count_valid(target, ignore_index) if reduction == "mean" else None
+    if any(g.numel() for g in grads):
+        scale = loss_rows.new_ones(())
+        if count is not None:
+            scale = scale / count
+    else:  # no gradient computed: the kernel reads no scale (lse stands in for it)
+        scale = lse
     _linear_cross_entropy_chunks(x, weight, bias, target, ignore_index, label_smoothing, lse,
                                  scale, grads, loss_rows=loss_rows)
-    return (_reduce(loss_rows, target, ignore_index, reduction), lse,
+    return (_reduce(loss_rows, target, ignore_index, reduction, count=count), lse,
             *_finish_grads(grads, x, bias))
 
 
@@ -473,16 +522,53 @@ def cross_entropy(
     softmax from a saved logsumexp a row. A target outside ``[0, C)`` other than
     ``ignore_index`` gives NaN (torch raises; checking would wait for the GPU). Traceable by
     ``torch.compile``."""
-    ignore_index, label_smoothing = _CALLS.checked(
+    path = cross_entropy_forward.eager_path(input, target)
+    key = None
+    if path:  # an eager call of layouts seen before: straight to the launch
+        try:
+            out_dtype = _AUTOCAST_LOSS.dtype_for("cuda" if input.is_cuda else "cpu") \
+                or input.dtype
+            key = (input.shape, input.stride(), input.dtype, input.device, input.layout,
+                   target.shape, target.stride(), target.dtype, target.device, target.layout,
+                   ignore_index, type(ignore_index), reduction, type(reduction), label_smoothing,
+                   type(label_smoothing), out_dtype)
+            ready = _READY.under(TUNING).get(key)
+        except UNKEYABLE:
+            ready = None
+        if ready is not None:
+            checked_ignore, smoothing, plan = ready
+            if path == runtime.RECORD:
+                return cross_entropy_forward.record(input, target, checked_ignore, reduction,
+                                                    smoothing, out_dtype)[0]
+            n_rows = input.shape[0]
+            loss_rows = input.new_empty(n_rows, dtype=torch.float32)
+            lse = input.new_empty(n_rows, dtype=torch.float32)
+            with runtime.device_guard(input):  # lse stands in for the scale: never read
+                plan.launch_eager(input, target, lse, loss_rows, lse)
+            return _reduce(loss_rows, target, checked_ignore, reduction, out_dtype)
+    checked_ignore, smoothing = _CALLS.checked(
         _loss_key, _check_cross_entropy, input, target, ignore_index, reduction, label_smoothing)
     device_type = "cuda" if input.is_cuda else "cpu"
     out_dtype = _AUTOCAST_LOSS.dtype_for(device_type) or input.dtype
     if input.dim() == 1:  # one row, as torch allows: a 0-d loss for every reduction
-        loss, _ = cross_entropy_forward(input.unsqueeze(0), target.reshape(1), ignore_index,
-                                        reduction, label_smoothing, out_dtype)
+        loss, _ = cross_entropy_forward(input.unsqueeze(0), target.reshape(1), checked_ignore,
+                                        reduction, smoothing, out_dtype)
         return loss.reshape(())
-    return cross_entropy_forward(input, target, ignore_index, reduction, label_smoothing,
+    loss = cross_entropy_forward(input, target, checked_ignore, reduction, smoothing,
                                  out_dtype)[0]
+    if key is not None and input.shape[0]:
+        # As cross_entropy_forward launches it: lse (a row stride of 1) stands in for the scale.
+        plan = _forward_plan(input.shape[0], input.shape[1],
+                             (input.dtype, target.dtype, torch.float32, torch.float32,
+                              torch.float32), input.stride(), target.stride(0), 1,
+                             checked_ignore, smoothing, False, TUNING)
+        _READY.under(TUNING).remember(key, (checked_ignore, smoothing, plan))
+    return loss
+
+
+#: Eager calls' layouts, other arguments and loss dtype -> ``(ignore_index, label_smoothing,
+#: the forward's plan)`` for (N, C) logits that were checked.
+_READY = SignatureCache()
 
 
 #: cross_entropy's checked call signatures -> ``(ignore_index, label_smoothing)`` as the op
@@ -555,8 +641,10 @@ def linear_cross_entropy(
     grad = torch.is_grad_enabled()
     need = (grad and input.requires_grad, grad and weight.requires_grad,
             grad and bias is not None and bias.requires_grad)
+    # Tokens as rows (already so for 2-d input and 1-d target: no reshape calls).
+    rows = input if input.dim() == 2 else input.reshape(-1, input.shape[-1])
     loss, *_ = linear_cross_entropy_forward(
-        input.reshape(-1, input.shape[-1]), weight, target.reshape(-1), bias, ignore_index,
+        rows, weight, target if target.dim() == 1 else target.reshape(-1), bias, ignore_index,
         reduction, label_smoothing, *need)
     return loss.view(target.shape) if reduction == "none" else loss
 

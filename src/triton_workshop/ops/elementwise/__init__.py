@@ -14,7 +14,7 @@ import torch
 
 from ... import runtime
 from ...runtime import FLOAT_DTYPES, LaunchPlan, plan_cache, register_op
-from .._common import SignatureCache
+from .._common import UNKEYABLE, SignatureCache
 from .kernels import add_kernel, mul_add_sqrt_kernel
 
 
@@ -39,6 +39,22 @@ def _plan(kernel, n_elements: int, dtype: torch.dtype, tuning: ElementwiseTuning
     compiled for one dtype."""
     return LaunchPlan(kernel, (runtime.cdiv(n_elements, tuning.block_size),), (n_elements,),
                       dict(BLOCK_SIZE=tuning.block_size, num_warps=tuning.num_warps))
+
+
+def _find_plan(kernel, n_elements: int, dtype: torch.dtype) -> LaunchPlan:
+    """:func:`_plan` under the current :data:`TUNING`: one dict lookup for a size seen before."""
+    try:
+        key = (kernel, n_elements, dtype)
+        plan = _PLANS.under(TUNING).get(key)
+    except TypeError:  # a symbolic size (torch.compile with dynamic shapes): worked out uncached
+        key, plan = None, None
+    if plan is None:
+        plan = _PLANS.remember(key, _plan(kernel, n_elements, dtype, TUNING))
+    return plan
+
+
+#: :func:`_find_plan`'s plans.
+_PLANS = SignatureCache()
 
 
 def _prepare(**tensors: torch.Tensor) -> list[torch.Tensor]:
@@ -88,23 +104,23 @@ def _empty_like(x: torch.Tensor) -> torch.Tensor:
 
 @register_op("add", fake=lambda x, y: _empty_like(x))
 def _add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    out = _empty_like(x)
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
     n = out.numel()
     if n == 0:
         return out
     with runtime.device_guard(x):
-        _plan(add_kernel, n, out.dtype, TUNING).launch(x, y, out)
+        _find_plan(add_kernel, n, out.dtype).launch(x, y, out)
     return out
 
 
 @register_op("fused_mul_add_sqrt", fake=lambda a, b, c: _empty_like(a))
 def _fused_mul_add_sqrt(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    out = _empty_like(a)
+    out = torch.empty_like(a, memory_format=torch.contiguous_format)
     n = out.numel()
     if n == 0:
         return out
     with runtime.device_guard(a):
-        _plan(mul_add_sqrt_kernel, n, out.dtype, TUNING).launch(a, b, c, out)
+        _find_plan(mul_add_sqrt_kernel, n, out.dtype).launch(a, b, c, out)
     return out
 
 
@@ -130,13 +146,59 @@ def _mul_add_sqrt_backward(ctx, grad):
 _fused_mul_add_sqrt.register_autograd(_mul_add_sqrt_backward, setup_context=_mul_add_sqrt_setup)
 
 
+def _ready_key(kernel, tensors: tuple):
+    """An eager call's layouts, as :func:`_call_key` has them, and the kernel."""
+    return (kernel, *[(t.shape, t.stride(), t.dtype, t.device, t.layout) for t in tensors])
+
+
+#: Eager calls' :func:`_ready_key` -> the plan that launches their operands as they are.
+_READY = SignatureCache()
+
+
+def _run_ready(op, kernel, tensors: tuple):
+    """``(path, output)``: an eager call of layouts seen before, launched straight away (output
+    None: not such a call; ``path`` from :meth:`runtime.RegisteredOp.eager_path`)."""
+    path = op.eager_path(*tensors)
+    if path:
+        try:
+            plan = _READY.under(TUNING).get(_ready_key(kernel, tensors))
+        except UNKEYABLE:
+            plan = None
+        if plan is not None:
+            if path == runtime.RECORD:
+                return path, op.record(*tensors)
+            first = tensors[0]
+            out = torch.empty_like(first, memory_format=torch.contiguous_format)
+            with runtime.device_guard(first):
+                plan.launch_eager(*tensors, out)
+            return path, out
+    return path, None
+
+
+def _keep_ready(path, kernel, given: tuple, launched: tuple, out: torch.Tensor) -> None:
+    """Keep the plan of a call whose operands went to the kernel as they were given."""
+    if path and out.numel() and all(a is b for a, b in zip(given, launched)):
+        _READY.under(TUNING).remember(_ready_key(kernel, given),
+                                      _find_plan(kernel, out.numel(), out.dtype))
+
+
 def add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """``x + y`` (broadcast and promoted like ``torch.add``) in one Triton kernel."""
-    x, y = _prepare(x=x, y=y)
-    return _add(x, y)
+    path, out = _run_ready(_add, add_kernel, (x, y))
+    if out is not None:
+        return out
+    launched = _prepare(x=x, y=y)
+    out = _add(*launched)
+    _keep_ready(path, add_kernel, (x, y), launched, out)
+    return out
 
 
 def fused_mul_add_sqrt(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     """``torch.sqrt(a * b + c)`` in one pass over memory (fp32 arithmetic inside)."""
-    a, b, c = _prepare(a=a, b=b, c=c)
-    return _fused_mul_add_sqrt(a, b, c)
+    path, out = _run_ready(_fused_mul_add_sqrt, mul_add_sqrt_kernel, (a, b, c))
+    if out is not None:
+        return out
+    launched = _prepare(a=a, b=b, c=c)
+    out = _fused_mul_add_sqrt(*launched)
+    _keep_ready(path, mul_add_sqrt_kernel, (a, b, c), launched, out)
+    return out

@@ -17,7 +17,7 @@ import torch
 
 from ... import runtime
 from ...runtime import FLOAT_DTYPES, LaunchPlan, plan_cache, register_op
-from .._common import SignatureCache, layout_key
+from .._common import UNKEYABLE, SignatureCache, layout_key
 from .kernels import GELU, GELU_TANH, SILU, glu_bwd_kernel, glu_fwd_kernel
 
 
@@ -62,8 +62,8 @@ def _find_plan(kernel, inputs: tuple, out_dtypes: tuple, activation: int):
     tensor starts). Looked up by every shape, stride and dtype the launch reads."""
     try:
         key = (kernel, inputs[0].shape, *[t.stride() for t in inputs],
-               *[t.dtype for t in inputs], *out_dtypes, activation, TUNING)
-        planned = _LAUNCHES.get(key)
+               *[t.dtype for t in inputs], *out_dtypes, activation)
+        planned = _LAUNCHES.under(TUNING).get(key)
     except TypeError:  # symbolic sizes (torch.compile with dynamic shapes): worked out uncached
         key, planned = None, None
     if planned is None:
@@ -80,6 +80,28 @@ def _launch(kernel, inputs: tuple, outputs: tuple, activation: int) -> None:
     plan, reshape = _find_plan(kernel, inputs, tuple([t.dtype for t in outputs]), activation)
     with runtime.device_guard(inputs[0]):
         plan.launch(*(_as_rows(*inputs)[0] if reshape else inputs), *outputs)
+
+
+def _forward_launch(gate: torch.Tensor, up: torch.Tensor, activation: int):
+    """``(plan, reshape, out_dtype)`` of the forward over ``gate`` and ``up`` (plan None: nothing
+    to compute): one lookup by every shape, stride and dtype it reads (:func:`_find_plan`'s
+    decision, and the output's dtype, without working either out again)."""
+    try:
+        key = (gate.shape, gate.stride(), up.stride(), gate.dtype, up.dtype, activation)
+        ready = _FORWARDS.under(TUNING).get(key)
+    except TypeError:  # symbolic sizes: worked out uncached
+        key, ready = None, None
+    if ready is None:
+        out_dtype = _out_dtype(gate, up)
+        plan = reshape = None
+        if gate.numel():
+            plan, reshape = _find_plan(glu_fwd_kernel, (gate, up), (out_dtype,), activation)
+        ready = _FORWARDS.remember(key, (plan, reshape, out_dtype))
+    return ready
+
+
+#: The forward's launches by the inputs' layouts (:func:`_forward_launch`).
+_FORWARDS = SignatureCache()
 
 
 def _views_of(tensors, n_cols: int) -> bool:
@@ -133,10 +155,15 @@ def _glu_forward_fake(gate, up, activation):
 def glu_forward(gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.Tensor:
     """``act(gate) * up`` for ``activation`` in :data:`ACTIVATIONS` (arguments already checked by
     the public functions); the result is contiguous."""
-    out = torch.empty(gate.shape, dtype=_out_dtype(gate, up), device=gate.device)
-    if out.numel() == 0:
+    plan, reshape, out_dtype = _forward_launch(gate, up, ACTIVATIONS[activation])
+    out = torch.empty_like(gate, dtype=out_dtype, memory_format=torch.contiguous_format)
+    if plan is None:  # nothing to compute
         return out
-    _launch(glu_fwd_kernel, (gate, up), (out,), ACTIVATIONS[activation])
+    with runtime.device_guard(gate):
+        if reshape:
+            plan.launch(*_as_rows(gate, up)[0], out)
+        else:
+            plan.launch(gate, up, out)
     return out
 
 
@@ -173,11 +200,11 @@ def _glu_setup_context(ctx, inputs, output):
         ctx.backward_plan = plan, output.dtype
 
 
-@runtime.launch_directly
 def _glu_backward_planned(plan, dout, gate, up):
-    dgate, dup = torch.empty_like(gate), torch.empty_like(up)  # contiguous, as gate and up
-    with runtime.device_guard(gate):
-        plan.launch(dout, gate, up, dgate, dup)
+    # Contiguous, as gate and up. Autograd runs a CUDA backward on its device thread, already
+    # on the output's device: no device guard.
+    dgate, dup = torch.empty_like(gate), torch.empty_like(up)
+    plan.launch_eager(dout, gate, up, dgate, dup)
     return dgate, dup
 
 
@@ -186,7 +213,6 @@ def _glu_backward_autograd(ctx, dout):
     planned = getattr(ctx, "backward_plan", None)
     if (planned is not None and dout.dtype == planned[1] and dout.is_contiguous()
             and runtime.eager_backward()):
-        # Autograd runs a CUDA backward on its device thread, already on the output's device.
         dgate, dup = _glu_backward_planned(planned[0], dout, gate, up)
     else:
         dgate, dup = glu_backward(dout, gate, up, ctx.activation)
@@ -225,23 +251,67 @@ def _check_args(gate, up) -> bool:
     return True
 
 
+def _ready_key(gate, up, approximate):
+    """An eager call's layouts (all the checks read, and the strides) and ``approximate``."""
+    return (gate.shape, gate.stride(), gate.dtype, gate.device, gate.layout, up.shape,
+            up.stride(), up.dtype, up.device, up.layout, approximate, type(approximate))
+
+
+#: Eager calls' :func:`_ready_key` -> ``(activation, the forward's plan, the output's dtype)``
+#: for operands that were checked and launch as they are.
+_READY = SignatureCache()
+
+
+#: :func:`_glu`'s ``approximate`` for swiglu (no argument of geglu's can be this object).
+_SILU = object()
+
+
+def _glu(gate, up, approximate) -> torch.Tensor:
+    """Both functions: ``approximate`` :data:`_SILU` (this very object) for SiLU, else GELU's
+    argument."""
+    path = glu_forward.eager_path(gate, up)
+    if path:  # an eager call of layouts seen before: straight to the launch
+        try:
+            ready = _READY.under(TUNING).get(_ready_key(gate, up, approximate))
+        except UNKEYABLE:
+            ready = None
+        if ready is not None:
+            activation, plan, out_dtype = ready
+            if path == runtime.RECORD:
+                return glu_forward.record(gate, up, activation)
+            out = torch.empty_like(gate, dtype=out_dtype, memory_format=torch.contiguous_format)
+            with runtime.device_guard(gate):
+                plan.launch_eager(gate, up, out)
+            return out
+    _check(gate, up)
+    if approximate is _SILU:
+        activation = "silu"
+    else:
+        if not isinstance(approximate, str):
+            raise TypeError(f"approximate must be a str, got {type(approximate).__name__}")
+        if approximate not in ("none", "tanh"):
+            raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
+        activation = "gelu_tanh" if approximate == "tanh" else "gelu"
+    out = glu_forward(gate, up, activation)
+    if path and out.numel():
+        plan, reshape, out_dtype = _forward_launch(gate, up, ACTIVATIONS[activation])
+        if not reshape:
+            _READY.under(TUNING).remember(_ready_key(gate, up, approximate),
+                                          (activation, plan, out_dtype))
+    return out
+
+
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """``F.silu(gate) * up`` in one Triton kernel (SwiGLU's gating, as in Llama's MLP).
 
     ``gate`` and ``up`` of one shape, any strides, fp16/bf16/fp32 (mixed dtypes promote as
     torch's ``*``); fp32 arithmetic, one rounding. Differentiable: the backward saves ``gate``
     and ``up`` and recomputes the SiLU. Traceable by ``torch.compile``."""
-    _check(gate, up)
-    return glu_forward(gate, up, "silu")
+    return _glu(gate, up, _SILU)
 
 
 def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
     """``F.gelu(gate, approximate=approximate) * up`` in one Triton kernel (GeGLU's gating, as
     in Gemma's MLP), ``approximate`` ``"tanh"`` (the default here, as Gemma uses) or
     ``"none"`` (the exact, erf-based GELU). Otherwise as :func:`swiglu`."""
-    _check(gate, up)
-    if not isinstance(approximate, str):
-        raise TypeError(f"approximate must be a str, got {type(approximate).__name__}")
-    if approximate not in ("none", "tanh"):
-        raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
-    return glu_forward(gate, up, "gelu_tanh" if approximate == "tanh" else "gelu")
+    return _glu(gate, up, approximate)

@@ -29,6 +29,7 @@ from ...runtime import (
 )
 from .._common import (
     FLOAT_DTYPES_WITH_FP64,
+    UNKEYABLE,
     SignatureCache,
     check_norm_param,
     check_normalized_shape,
@@ -143,11 +144,29 @@ def layer_norm_forward(
     x = x.contiguous()
     w = weight.contiguous() if weight is not None else x
     b = bias.contiguous() if bias is not None else x  # never read when HAS_BIAS is off
-    plan = _forward_plan(n_rows, n_cols, eps, (x.dtype, w.dtype, b.dtype), weight is not None,
-                         bias is not None, TUNING)
+    plan = _find_forward_plan(n_rows, n_cols, eps, (x.dtype, w.dtype, b.dtype),
+                              weight is not None, bias is not None)
     with runtime.device_guard(x):
         plan.launch(x, w, b, y, mean, rstd)
     return y, mean, rstd
+
+
+def _find_forward_plan(n_rows, n_cols, eps, dtypes, has_weight, has_bias) -> LaunchPlan:
+    """:func:`_forward_plan` under the current :data:`TUNING`: one dict lookup for a shape seen
+    before."""
+    try:
+        key = (n_rows, n_cols, eps, dtypes, has_weight, has_bias)
+        plan = _FORWARD_PLANS.under(TUNING).get(key)
+    except TypeError:  # symbolic sizes (torch.compile with dynamic shapes): worked out uncached
+        key, plan = None, None
+    if plan is None:
+        plan = _FORWARD_PLANS.remember(key, _forward_plan(n_rows, n_cols, eps, dtypes, has_weight,
+                                                          has_bias, TUNING))
+    return plan
+
+
+#: :func:`_find_forward_plan`'s plans by its arguments.
+_FORWARD_PLANS = SignatureCache()
 
 
 @plan_cache()
@@ -309,8 +328,22 @@ def layer_norm_backward(
 
 def _find_backward_plan(n_rows, n_cols, dy_dtype, x_dtype, w_dtype, dw_dtype, db_dtype,
                         has_weight, need, device):
-    return _backward_plan(n_rows, n_cols, (dy_dtype, x_dtype, w_dtype, dw_dtype, db_dtype),
-                          has_weight, need, runtime.num_sms(device), TUNING)
+    """:func:`_backward_plan` under the current :data:`TUNING`: one dict lookup for a shape seen
+    before (found on every eager forward that records)."""
+    dtypes = (dy_dtype, x_dtype, w_dtype, dw_dtype, db_dtype)
+    try:
+        key = (n_rows, n_cols, dtypes, has_weight, need, device)
+        plan = _BACKWARD_PLANS.under(TUNING).get(key)
+    except TypeError:  # symbolic sizes (torch.compile with dynamic shapes): worked out uncached
+        key, plan = None, None
+    if plan is None:
+        plan = _BACKWARD_PLANS.remember(key, _backward_plan(
+            n_rows, n_cols, dtypes, has_weight, need, runtime.num_sms(device), TUNING))
+    return plan
+
+
+#: :func:`_find_backward_plan`'s plans by its arguments.
+_BACKWARD_PLANS = SignatureCache()
 
 
 def _backward_launches(plan, dy, x, w, mean, rstd, n_cols, need_dx, need_dw, need_db, dw_dtype,
@@ -318,22 +351,27 @@ def _backward_launches(plan, dy, x, w, mean, rstd, n_cols, need_dx, need_dw, nee
     """Allocate and launch the backward of a plan (n_rows > 0, n_cols > 0, contiguous dy, x)."""
     n_partials, launches = plan
     dx = torch.empty_like(x) if need_dx else x.new_empty(0)
-    # Row g of the partial buffers: the dweight/dbias sums of row group g (one allocation).
-    n_sums = need_dw + need_db
-    partials = x.new_empty((max(n_sums, 1), n_partials if n_sums else 0, n_cols),
-                           dtype=stats_dtype(x.dtype))
-    dw_partial, db_partial = partials[0], partials[n_sums - 1 if n_sums else 0]
+    # Row g of the partial buffers (n_partials x n_cols, flat): the dweight/dbias sums of row
+    # group g. Sized by an int (cheaper on the host than a shape); a sum not asked for gets the
+    # other's buffer, which the kernels then do not write.
+    stats = stats_dtype(x.dtype)
+    if need_dw or need_db:
+        dw_partial = x.new_empty(n_partials * n_cols, dtype=stats)
+        db_partial = (x.new_empty(n_partials * n_cols, dtype=stats) if need_dw and need_db
+                      else dw_partial)
+    else:
+        dw_partial = db_partial = x.new_empty(0, dtype=stats)
     dw = x.new_empty(n_cols if need_dw else 0, dtype=dw_dtype)
     db = x.new_empty(n_cols if need_db else 0, dtype=db_dtype)
-    operands = {
-        "fused": (dy, x, w, mean, rstd, dx, dw_partial, db_partial),
-        "dx_rows": (dy, x, w, mean, rstd, dx, dw_partial, db_partial),  # the sums: not written
-        "dx": (dy, x, w, mean, rstd, dx),
-        "dwdb": (dy, x, mean, rstd, dw_partial, db_partial),
-        "sum": (dw_partial, db_partial, dw, db),
-    }
     for name, launch in launches.items():
-        launch.launch(*operands[name])
+        if name == "fused" or name == "dx_rows":  # "dx_rows": the sums not written
+            launch.launch(dy, x, w, mean, rstd, dx, dw_partial, db_partial)
+        elif name == "dx":
+            launch.launch(dy, x, w, mean, rstd, dx)
+        elif name == "dwdb":
+            launch.launch(dy, x, mean, rstd, dw_partial, db_partial)
+        else:  # "sum"
+            launch.launch(dw_partial, db_partial, dw, db)
     return dx, dw, db
 
 
@@ -406,10 +444,49 @@ def layer_norm(
     """``torch.nn.functional.layer_norm`` in Triton: fp16/bf16/fp32 inputs with fp32 statistics
     (fp64 computes in fp64), optional ``weight``/``bias`` of any float dtype, differentiable with
     a deterministic ``dweight``/``dbias``, and traceable by ``torch.compile``."""
-    norm_ndim, eps = _CALLS.checked(_call_key, _check_args, x, normalized_shape, weight, bias,
-                                    eps)
-    y, _, _ = layer_norm_forward(x, weight, bias, norm_ndim, eps)
+    path = layer_norm_forward.eager_path(x, weight, bias)
+    if path:  # an eager call of layouts seen before: straight to the launch
+        try:
+            ready = _READY.under(TUNING).get(_ready_key(x, normalized_shape, weight, bias, eps))
+        except UNKEYABLE:
+            ready = None
+        if ready is not None:
+            norm_ndim, checked_eps, n_rows, plan = ready
+            if path == runtime.RECORD:
+                return layer_norm_forward.record(x, weight, bias, norm_ndim, checked_eps)[0]
+            y = torch.empty_like(x, memory_format=torch.contiguous_format)
+            stats = stats_dtype(x.dtype)
+            mean = x.new_empty(n_rows, dtype=stats)
+            rstd = x.new_empty(n_rows, dtype=stats)
+            with runtime.device_guard(x):
+                plan.launch_eager(x, weight if weight is not None else x,
+                                  bias if bias is not None else x, y, mean, rstd)
+            return y
+    norm_ndim, checked_eps = _CALLS.checked(_call_key, _check_args, x, normalized_shape, weight,
+                                            bias, eps)
+    y, _, _ = layer_norm_forward(x, weight, bias, norm_ndim, checked_eps)
+    n_rows, n_cols = rows_cols(x, norm_ndim)
+    if path and n_rows and n_cols and x.is_contiguous() and all(
+            t is None or t.is_contiguous() for t in (weight, bias)):
+        w = weight if weight is not None else x
+        b = bias if bias is not None else x
+        plan = _find_forward_plan(n_rows, n_cols, checked_eps, (x.dtype, w.dtype, b.dtype),
+                                  weight is not None, bias is not None)
+        _READY.under(TUNING).remember(_ready_key(x, normalized_shape, weight, bias, eps),
+                                      (norm_ndim, checked_eps, n_rows, plan))
     return y
+
+
+def _ready_key(x, normalized_shape, weight, bias, eps):
+    """An eager call's layouts (all the checks read, and the strides) and other arguments."""
+    return (x.shape, x.stride(), x.dtype, x.device, x.layout, shape_key(normalized_shape),
+            (weight.stride(), *layout_key(weight)) if weight is not None else None,
+            (bias.stride(), *layout_key(bias)) if bias is not None else None, eps, type(eps))
+
+
+#: Eager calls' :func:`_ready_key` -> ``(norm_ndim, eps, rows, the forward's plan)`` for
+#: contiguous operands that were checked.
+_READY = SignatureCache()
 
 
 #: layer_norm's checked call signatures -> ``(norm_ndim, eps)`` as the op takes them.

@@ -41,6 +41,7 @@ from ...runtime import (
 )
 from .._common import (
     FLOAT_DTYPES_WITH_FP64,
+    UNKEYABLE,
     SignatureCache,
     check_norm_param,
     check_normalized_shape,
@@ -118,22 +119,45 @@ def rms_norm_forward(
     ``x + residual``; without a residual the sum is an empty placeholder), arguments already
     checked by :func:`rms_norm` / :func:`add_rms_norm`; ``rstd`` has one value per row."""
     n_rows, n_cols = rows_cols(x, norm_ndim)
-    y = x.new_empty(x.shape, dtype=_out_dtype(x, weight, casting_mode, out_dtype))
-    total = x.new_empty(x.shape if residual is not None else (0,))
+    # Allocated like a contiguous x (a shape argument costs more host time than a template);
+    # a 1-d size as an int, for the same reason.
+    x = x.contiguous()
+    y = torch.empty_like(x, dtype=_out_dtype(x, weight, casting_mode, out_dtype),
+                         memory_format=torch.contiguous_format)
+    total = (torch.empty_like(x, memory_format=torch.contiguous_format) if residual is not None
+             else x.new_empty(0))
     rstd = x.new_empty(n_rows, dtype=stats_dtype(x.dtype))
     if n_rows == 0:
         return y, total, rstd
     if n_cols == 0:  # the mean of no squares, as PyTorch: NaN
         return y, total, rstd.fill_(math.nan)
-    x = x.contiguous()
     r = residual.contiguous() if residual is not None else x  # never read without a residual
     w = weight.contiguous() if weight is not None else x  # never read without a weight
-    plan = _forward_plan(n_rows, n_cols, eps, weight_offset, (x.dtype, w.dtype, y.dtype),
-                         residual is not None, weight is not None, casting_mode == "llama",
-                         TUNING)
+    plan = _find_forward_plan(n_rows, n_cols, eps, weight_offset, (x.dtype, w.dtype, y.dtype),
+                              residual is not None, weight is not None, casting_mode == "llama")
     with runtime.device_guard(x):
         plan.launch(x, r, w, y, total if residual is not None else y, rstd)
     return y, total, rstd
+
+
+def _find_forward_plan(n_rows, n_cols, eps, weight_offset, dtypes, has_residual, has_weight,
+                       round_xhat) -> LaunchPlan:
+    """:func:`_forward_plan` under the current :data:`TUNING`: one dict lookup for a shape seen
+    before."""
+    try:
+        key = (n_rows, n_cols, eps, weight_offset, dtypes, has_residual, has_weight, round_xhat)
+        plan = _FORWARD_PLANS.under(TUNING).get(key)
+    except TypeError:  # symbolic sizes (torch.compile with dynamic shapes): worked out uncached
+        key, plan = None, None
+    if plan is None:
+        plan = _FORWARD_PLANS.remember(key, _forward_plan(
+            n_rows, n_cols, eps, weight_offset, dtypes, has_residual, has_weight, round_xhat,
+            TUNING))
+    return plan
+
+
+#: :func:`_find_forward_plan`'s plans by its arguments.
+_FORWARD_PLANS = SignatureCache()
 
 
 @plan_cache()
@@ -283,33 +307,50 @@ def rms_norm_backward(
 
 def _find_backward_plan(n_rows, n_cols, weight_offset, dtypes, has_weight, casting_mode, need,
                         device) -> BackwardPlan:
-    """``dtypes``: of dy, x, the weight as launched, dsum (None: there is none), dweight."""
-    return _backward_plan(n_rows, n_cols, weight_offset, dtypes, has_weight,
-                          dtypes[3] is not None, casting_mode == "llama", need,
-                          runtime.num_sms(device), TUNING)
+    """``dtypes``: of dy, x, the weight as launched, dsum (None: there is none), dweight. One
+    dict lookup for a shape seen before (found on every eager forward that records)."""
+    try:
+        key = (n_rows, n_cols, weight_offset, dtypes, has_weight, casting_mode, need, device)
+        plan = _BACKWARD_PLANS.under(TUNING).get(key)
+    except TypeError:  # symbolic sizes (torch.compile with dynamic shapes): worked out uncached
+        key, plan = None, None
+    if plan is None:
+        plan = _BACKWARD_PLANS.remember(key, _backward_plan(
+            n_rows, n_cols, weight_offset, dtypes, has_weight, dtypes[3] is not None,
+            casting_mode == "llama", need, runtime.num_sms(device), TUNING))
+    return plan
 
 
-def _backward_launches(plan, dy, dsum, x, w, rstd, n_cols, need_dx, need_dw, dw_dtype):
+#: :func:`_find_backward_plan`'s plans by its arguments.
+_BACKWARD_PLANS = SignatureCache()
+
+
+def _backward_launches(plan, dy, dsum, x, w, rstd, n_cols, need_dx, need_dw, dw_dtype,
+                       weight_shaped: bool = False):
     """Allocate and launch the backward of a plan (n_rows > 0, n_cols > 0, contiguous dy, x,
-    dsum)."""
+    dsum). ``dweight`` comes flat, or with ``weight_shaped`` in the shape of ``w`` (the
+    contiguous weight)."""
     n_partials, launches = plan
-    dx = x.new_empty(x.shape if need_dx else (0,))
+    dx = torch.empty_like(x) if need_dx else x.new_empty(0)  # x is contiguous
     dsum = dsum if dsum is not None else dy  # never read without HAS_DSUM
-    # Row g of the partial buffer: the dweight sum of row group g.
-    dw_partial = x.new_empty((n_partials if need_dw else 0, n_cols), dtype=stats_dtype(x.dtype))
-    dw = x.new_empty(n_cols if need_dw else 0, dtype=dw_dtype)
-    row_kernel = (dy, x, w, rstd, dsum, dx, dw_partial)
-    operands = {
-        "fused": row_kernel,
-        "dx_rows": row_kernel,  # the partial sums: not written
-        "dx": (dy, x, w, rstd, dsum, dx),
-        "dw": (dy, x, rstd, dw_partial),
-        "sum": (dw_partial, dw_partial, dw, dw),  # COMPUTE_DB off: the second pair is not read
-    }
+    # Row g of the partial buffer (n_partials x n_cols, flat): the dweight sum of row group g.
+    dw_partial = x.new_empty(n_partials * n_cols if need_dw else 0, dtype=stats_dtype(x.dtype))
+    if not need_dw:
+        dw = x.new_empty(0, dtype=dw_dtype)
+    elif weight_shaped:
+        dw = torch.empty_like(w)
+    else:
+        dw = x.new_empty(n_cols, dtype=dw_dtype)
     for name, launch in launches.items():
-        launch.launch(*operands[name])
+        if name == "fused" or name == "dx_rows":  # "dx_rows": the partial sums not written
+            launch.launch(dy, x, w, rstd, dsum, dx, dw_partial)
+        elif name == "dx":
+            launch.launch(dy, x, w, rstd, dsum, dx)
+        elif name == "dw":
+            launch.launch(dy, x, rstd, dw_partial)
+        else:  # "sum"; COMPUTE_DB off: the second pair is not read
+            launch.launch(dw_partial, dw_partial, dw, dw)
     return dx, dw
-
 
 
 def _rms_norm_setup_context(ctx, inputs, output):
@@ -342,9 +383,10 @@ def _rms_norm_setup_context(ctx, inputs, output):
 
 @runtime.launch_directly
 def _rms_norm_backward_planned(planned, dy, dsum, x, weight, rstd):
+    """``(dx, dweight)``, dweight in the weight's shape."""
     plan, n_cols, need, dw_dtype, _ = planned
     return _backward_launches(plan, dy, dsum, x, weight if weight is not None else x, rstd,
-                              n_cols, *need, dw_dtype)
+                              n_cols, *need, dw_dtype, weight_shaped=True)
 
 
 def _takes_planned_backward(planned, dy, dsum, x, has_residual) -> bool:
@@ -368,9 +410,10 @@ def _rms_norm_backward_autograd(ctx, dy, dsum, _drstd):
     else:
         dx, dw = rms_norm_backward(dy, dsum, x, weight, rstd, ctx.norm_ndim, ctx.weight_offset,
                                    ctx.casting_mode, need_dx, need_dw)
+        dw = dw.view(weight.shape) if need_dw else None
     # d(x + residual) reaches x and residual alike: the same tensor, as torch's add returns.
     return (dx if need_x else None, dx if need_residual else None,
-            dw.view(weight.shape) if need_dw else None, *unused)
+            dw if need_dw else None, *unused)
 
 
 rms_norm_forward.register_autograd(
@@ -461,6 +504,70 @@ def _check_arguments(x, residual, normalized_shape, weight, eps, weight_offset, 
     return len(shape), eps, weight_offset
 
 
+def _rms_norm(x, residual, normalized_shape, weight, eps, weight_offset, casting_mode,
+              check_residual: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(y, x + residual)`` of both public functions (the sum a placeholder without a
+    residual)."""
+    path = rms_norm_forward.eager_path(x, residual, weight)
+    if path:  # an eager call of layouts seen before: straight to the launch
+        try:
+            out_dtype = _autocast_out_dtype(x, casting_mode)
+            ready = _READY.under(TUNING).get(_ready_key(
+                x, residual, normalized_shape, weight, eps, weight_offset, casting_mode,
+                check_residual, out_dtype))
+        except UNKEYABLE:
+            ready = None
+        if ready is not None:
+            norm_ndim, eps, weight_offset, y_dtype, n_rows, plan = ready
+            if path == runtime.RECORD:
+                y, total, _ = rms_norm_forward.record(x, residual, weight, norm_ndim, eps,
+                                                      weight_offset, casting_mode, out_dtype)
+                return y, total
+            y = torch.empty_like(x, dtype=y_dtype, memory_format=torch.contiguous_format)
+            rstd = x.new_empty(n_rows, dtype=stats_dtype(x.dtype))
+            w = weight if weight is not None else x  # never read without a weight
+            with runtime.device_guard(x):
+                if residual is None:  # y stands in for the sum: never written
+                    plan.launch_eager(x, x, w, y, y, rstd)
+                    return y, None
+                total = torch.empty_like(x, memory_format=torch.contiguous_format)
+                plan.launch_eager(x, residual, w, y, total, rstd)
+                return y, total
+    norm_ndim, eps_, weight_offset_ = _checked(x, residual, normalized_shape, weight, eps,
+                                               weight_offset, casting_mode, check_residual)
+    out_dtype = _autocast_out_dtype(x, casting_mode)
+    y, total, _ = rms_norm_forward(x, residual, weight, norm_ndim, eps_, weight_offset_,
+                                   casting_mode, out_dtype)
+    n_rows, n_cols = rows_cols(x, norm_ndim)
+    if path and n_rows and n_cols and x.is_contiguous() and (
+            residual is None or residual.is_contiguous()) and (
+            weight is None or weight.is_contiguous()):
+        w = weight if weight is not None else x
+        plan = _find_forward_plan(n_rows, n_cols, eps_, weight_offset_,
+                                  (x.dtype, w.dtype, y.dtype), residual is not None,
+                                  weight is not None, casting_mode == "llama")
+        _READY.under(TUNING).remember(
+            _ready_key(x, residual, normalized_shape, weight, eps, weight_offset, casting_mode,
+                       check_residual, out_dtype),
+            (norm_ndim, eps_, weight_offset_, y.dtype, n_rows, plan))
+    return y, total
+
+
+def _ready_key(x, residual, normalized_shape, weight, eps, weight_offset, casting_mode,
+               check_residual, out_dtype):
+    """An eager call's layouts (all the checks read, and the strides) and other arguments."""
+    return (x.shape, x.stride(), x.dtype, x.device, x.layout,
+            (residual.stride(), *layout_key(residual)) if check_residual else None,
+            shape_key(normalized_shape),
+            (weight.stride(), *layout_key(weight)) if weight is not None else None,
+            eps, type(eps), weight_offset, type(weight_offset), casting_mode, out_dtype)
+
+
+#: Eager calls' :func:`_ready_key` -> ``(norm_ndim, eps, weight_offset, y's dtype, rows, the
+#: forward's plan)`` for contiguous operands that were checked.
+_READY = SignatureCache()
+
+
 def rms_norm(
     x: torch.Tensor,
     normalized_shape,
@@ -478,11 +585,7 @@ def rms_norm(
     ``weight_offset`` scales by ``weight_offset + weight`` (Gemma's ``1 + weight`` with 1.0; it
     shifts a weight, so without one it has nothing to shift). ``casting_mode`` ``"llama"`` or
     ``"gemma"`` rounds as transformers' LlamaRMSNorm or GemmaRMSNorm does (module docstring)."""
-    norm_ndim, eps, weight_offset = _checked(x, None, normalized_shape, weight, eps,
-                                             weight_offset, casting_mode, False)
-    y, _, _ = rms_norm_forward(x, None, weight, norm_ndim, eps, weight_offset, casting_mode,
-                               _autocast_out_dtype(x, casting_mode))
-    return y
+    return _rms_norm(x, None, normalized_shape, weight, eps, weight_offset, casting_mode)[0]
 
 
 def add_rms_norm(
@@ -501,8 +604,5 @@ def add_rms_norm(
     ``residual`` through both outputs. Arguments otherwise as :func:`rms_norm`'s; under autocast
     the sum keeps ``x``'s dtype (an add is on no autocast list) while the norm follows
     ``F.rms_norm``."""
-    norm_ndim, eps, weight_offset = _checked(x, residual, normalized_shape, weight, eps,
-                                             weight_offset, casting_mode, True)
-    y, total, _ = rms_norm_forward(x, residual, weight, norm_ndim, eps, weight_offset,
-                                   casting_mode, _autocast_out_dtype(x, casting_mode))
-    return y, total
+    return _rms_norm(x, residual, normalized_shape, weight, eps, weight_offset, casting_mode,
+                     check_residual=True)

@@ -18,6 +18,7 @@ from ... import runtime
 from ...runtime import LaunchPlan, acc_dtype, chunk_tile, plan_cache, register_op, row_tile
 from .._common import (
     FLOAT_DTYPES_WITH_FP64,
+    UNKEYABLE,
     SignatureCache,
     layout_key,
     normalize_dim,
@@ -122,8 +123,21 @@ def _plan(shape, dim: int, all_strides, dtype, backward: bool,
 
 
 def _find_plan(shape, dim: int, all_strides, dtype, backward: bool) -> LaunchPlan | None:
-    """:func:`_plan` under the current :data:`TUNING`."""
-    return _plan(shape, dim, all_strides, dtype, backward, TUNING)
+    """:func:`_plan` under the current :data:`TUNING`: one dict lookup for a layout seen
+    before."""
+    try:
+        key = (shape, dim, all_strides, dtype, backward)
+        plan = _PLANS.under(TUNING).get(key, _NO_PLAN)
+    except TypeError:  # symbolic sizes (torch.compile with dynamic shapes): worked out uncached
+        key, plan = None, _NO_PLAN
+    if plan is _NO_PLAN:
+        plan = _PLANS.remember(key, _plan(shape, dim, all_strides, dtype, backward, TUNING))
+    return plan
+
+
+#: :func:`_find_plan`'s plans by layout (None: a tensor needs a copy).
+_PLANS = SignatureCache()
+_NO_PLAN = object()
 
 
 def _new_output(x: torch.Tensor) -> torch.Tensor:
@@ -184,10 +198,9 @@ def _softmax_setup_context(ctx, inputs, output):
                                        True)
 
 
-@runtime.launch_directly
 def _softmax_backward_planned(plan, grad_out: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     dx = torch.empty_like(out)
-    plan.launch(out, grad_out, dx)
+    plan.launch_eager(out, grad_out, dx)
     return dx
 
 
@@ -210,14 +223,45 @@ softmax_forward.register_autograd(_softmax_backward_autograd, setup_context=_sof
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """``torch.softmax(x, dim)`` in Triton: fp16/bf16/fp32 (fp32 arithmetic) and fp64, any dim,
     any strides, differentiable (a Triton backward), and traceable by ``torch.compile``."""
-    dim = _CALLS.checked(_call_key, _check_args, x, dim)
+    path = softmax_forward.eager_path(x)
+    if path:  # an eager call of a layout seen before: straight to the launch
+        try:
+            ready = _READY.under(TUNING).get(
+                (x.shape, x.stride(), x.dtype, x.device, x.layout, dim, type(dim)))
+        except UNKEYABLE:
+            ready = None
+        if ready is not None:
+            dim, plan = ready
+            if path == runtime.RECORD:
+                return softmax_forward.record(x, dim)
+            y = _new_output(x)
+            with runtime.device_guard(x):
+                plan.launch_eager(x, y)
+            return y
+    checked_dim = _CALLS.checked(_call_key, _check_args, x, dim)
     if x.dim() == 0:  # one element, softmax 1 (NaN for -inf/NaN): the 1-element row of PyTorch
         return softmax_forward(x.reshape(1), 0).reshape(())
-    return softmax_forward(x, dim)
+    y = softmax_forward(x, checked_dim)
+    if path and y.numel():
+        _keep_ready(x, y, dim, checked_dim)
+    return y
+
+
+def _keep_ready(x, y, dim, checked_dim: int) -> None:
+    """Keep the checked ``dim`` and the forward's plan for ``x``'s layout and the ``dim`` passed
+    (what :func:`softmax` looks up before its checks), where the plan launches ``x`` as it is."""
+    plan = _find_plan(x.shape, checked_dim, (x.stride(), y.stride()), x.dtype, False)
+    if plan is not None:
+        _READY.under(TUNING).remember(
+            (x.shape, x.stride(), x.dtype, x.device, x.layout, dim, type(dim)),
+            (checked_dim, plan))
 
 
 #: softmax's checked call signatures -> ``dim``, made non-negative.
 _CALLS = SignatureCache()
+#: Eager calls' layouts (shape, strides, dtype, device, layout) and ``dim`` -> ``(dim made
+#: non-negative, the forward's plan)``.
+_READY = SignatureCache()
 
 
 def _call_key(x, dim):
