@@ -216,7 +216,10 @@ def test_few_frames_from_the_public_function_to_the_launch(name, monkeypatch):
 @pytest.mark.slow
 def test_the_host_probe_runs_with_launches_stubbed(tmp_path):
     csv_path = tmp_path / "host.csv"
-    env = dict(os.environ, TRITON_WORKSHOP_QUIET="1", PYTHONPATH=str(ROOT / "src"))
+    # As on a machine without a GPU, also on one with: the stubbed probe runs on CPU tensors (on
+    # a GPU the real probe, launches and all, is what measures).
+    env = dict(os.environ, TRITON_WORKSHOP_QUIET="1", PYTHONPATH=str(ROOT / "src"),
+               TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
     done = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "host_probe.py"), "--stub", "--ops", "linear,add",
          "--calls", "5", "--batches", "2", "--csv", str(csv_path)],
