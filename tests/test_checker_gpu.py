@@ -398,6 +398,9 @@ def test_check_module_and_workshop_check_rerun_only_on_a_gpu_machine(monkeypatch
     monkeypatch.setattr("triton_workshop.teach.sandbox.InterpreterRerun.__init__", refuse)
     monkeypatch.setattr("triton_workshop.teach.sandbox.check_isolated",
                         lambda *a, **k: isolated.append(k["rerun_in_interpreter"]) or 0)
+    # Without the rerun, the cases may be shared among forked workers instead: no rerun either.
+    monkeypatch.setattr("triton_workshop.teach.parallel.check_parallel",
+                        lambda *a, **k: isolated.append(False) or 0)
     path = ROOT / "solutions" / "solution_1.py"
     module = load_module(path, "_gpu_decides")
     monkeypatch.setattr(session, "compiled_natively", lambda: False)

@@ -6,13 +6,14 @@ an interpreter subprocess (tested here on the CPU by forcing that rerun)."""
 from __future__ import annotations
 
 import io
+import re
 import time
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
-from triton_workshop.teach import EXERCISES, check_exercise, iter_check, load_module
+from triton_workshop.teach import EXERCISES, check_exercise, iter_check, load_module, parallel
 
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCH = "    out = torch.empty_like(x)\n"
@@ -228,3 +229,44 @@ def test_merge_adds_what_only_the_rerun_knows():
     found = merge(Verdict(True, "correct"), Verdict(False, "the values are right, but out-of-bounds "
                                                    "loads", ["load at offsets 97"], ["load at offsets 97"]))
     assert not found.passed and found.details == ["load at offsets 97"]
+
+
+def _without_times(text: str) -> str:
+    return re.sub(r" \d+\.\d\ds", "", text)
+
+
+@pytest.mark.skipif(not parallel.forks_children(), reason="workers are forks in interpreter mode only")
+@pytest.mark.parametrize("number, old, new", [
+    # a wrong greyscale: sepia's cases run on; a wrong sepia: greyscale's non-contiguous case runs
+    (2, "grey = 0.299 * r + 0.587 * g + 0.114 * b", "grey = 0.3 * r + 0.59 * g + 0.11 * b"),
+    (2, "tl.store(out_ptr + 2 * plane + offsets, new_b, mask=mask)",
+     "tl.store(out_ptr + plane + offsets, new_b, mask=mask)"),
+])
+def test_shared_cases_print_what_one_child_prints(tmp_path, monkeypatch, number, old, new):
+    """The cases shared among workers: the same verdicts, in the same order, as one child's."""
+    path = planted(tmp_path, number, old, new)
+    monkeypatch.setattr(parallel, "parallel_workers", lambda: 2)
+    code, text, _ = run(number, path)
+    monkeypatch.setattr(parallel, "parallel_workers", lambda: 1)
+    single_code, single_text, _ = run(number, path)
+    assert code == single_code == 1
+    assert _without_times(text) == _without_times(single_text)
+
+
+@pytest.mark.skipif(not parallel.forks_children(), reason="workers are forks in interpreter mode only")
+def test_a_template_shared_among_workers_stops_at_the_first_todo(capsys, monkeypatch):
+    monkeypatch.setattr(parallel, "parallel_workers", lambda: 2)
+    code = check_exercise(6, path=ROOT / "exercises" / "exercise_6.py", seed=0)
+    out = capsys.readouterr().out
+    assert code == 1 and out.count("not implemented yet: start at TODO") == len(EXERCISES[6].tasks)
+
+
+def test_a_file_that_prints_while_checked_runs_in_one_worker(tmp_path):
+    functions = {"add"}
+    assert not parallel.prints_while_checked(ROOT / "solutions" / "solution_1.py", functions)
+    kernel_prints = planted(tmp_path, 1, LAUNCH, LAUNCH, name="quiet.py").read_text().replace(
+        "    tl.store(", "    print_if('here', '=0')\n    tl.store(", 1)
+    (tmp_path / "kernel.py").write_text(kernel_prints)
+    assert parallel.prints_while_checked(tmp_path / "kernel.py", functions)
+    launcher = planted(tmp_path, 1, LAUNCH, LAUNCH + "    print(x.shape)\n", name="launcher.py")
+    assert parallel.prints_while_checked(launcher, functions)

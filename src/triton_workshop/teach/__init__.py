@@ -2,7 +2,8 @@
 what is wrong. This is the face; each room does one job:
 
 * :mod:`.session`: check a file (``check_exercise``, ``check_module``), in this process or in
-  child processes (:mod:`.sandbox`), results merged;
+  child processes (:mod:`.sandbox`), results merged; in interpreter mode the cases shared among
+  forked workers, one per core (:mod:`.parallel`);
 * :mod:`.loop`: the case loop over an exercise's cases;
 * :mod:`.checker`: run one case (poisoned outputs, a time limit, the launcher called, judged);
 * :mod:`.diagnose`: name the bug; :mod:`.errors`: an exception turned into a verdict;

@@ -12,7 +12,7 @@ import difflib
 import inspect
 import time
 from types import ModuleType
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -46,23 +46,67 @@ def missing_function_verdict(module: ModuleType, name: str) -> Verdict:
 
 def iter_check(exercise: Exercise, module: ModuleType, *, seed: int | None = None,
                learner_file: str | None = None, skip: dict | None = None,
-               memcheck: bool | None = None, time_limit: float | None = None
+               memcheck: bool | None = None, time_limit: float | None = None,
+               claim: Callable[[], int | None] | None = None, strided_of: int | None = None
                ) -> Iterator[tuple[str, str, str, str, CaseResult | None]]:
     """Check each case in turn, yielding ``(event, case id, function, label, result)``: a
     "start" before a case runs (result None) and a "result" after. ``skip`` maps the ids of cases
     done elsewhere (an earlier process that crashed) to whether they passed: they are not run
-    again, but count for the rest (the non-contiguous case runs only when all others passed)."""
+    again, but count for the rest (the non-contiguous case runs only when all others passed).
+
+    Several processes can share the work (:mod:`.parallel`): with ``claim`` this one runs only
+    the units (a case, a module check, a missing launcher; numbered in order over the tasks) whose
+    numbers ``claim()`` hands it, in increasing order (None: none left), and no non-contiguous
+    case; with ``strided_of`` it runs only task ``strided_of``'s non-contiguous case, judged on
+    ``skip``."""
     threads = torch.get_num_threads()
     # The cases' tensors are small: torch's intra-op pool costs more than it gains here (several
     # times more on a busy machine).
     torch.set_num_threads(1)
     try:
-        yield from _iter_check(exercise, module, seed, learner_file, skip, memcheck, time_limit)
+        yield from _iter_check(exercise, module, seed, learner_file, skip, memcheck, time_limit,
+                               _Units(claim, strided_of))
     finally:
         torch.set_num_threads(threads)
 
 
-def _iter_check(exercise, module, seed, learner_file, skip, memcheck, time_limit):
+class _Units:
+    """Which units of the exercise this process runs: every one, those it claims, or none (the
+    process that runs one task's non-contiguous case)."""
+
+    def __init__(self, claim, strided_of):
+        self.claim, self.strided_of = claim, strided_of
+        self.index = -1  # the unit last visited
+        self.wanted = None  # the number claimed and not yet reached
+
+    def next(self, *, done: bool = False) -> bool:
+        """Visit the next unit; whether to run it (``done``: it ran in an earlier process)."""
+        self.index += 1
+        if self.strided_of is not None:
+            return False
+        if self.claim is None or done:
+            return not done
+        # Numbers below this one belong to units passed over (a task stopped at "not implemented").
+        while self.wanted is not None and self.wanted < self.index:
+            self.wanted = self.claim()
+        if self.wanted is None:
+            self.wanted = self.claim()
+            while self.wanted is not None and self.wanted < self.index:
+                self.wanted = self.claim()
+        if self.wanted == self.index:
+            self.wanted = None
+            return True
+        return False
+
+    def pass_over(self, n: int) -> None:
+        """Units left unvisited (the rest of a task stopped at "not implemented")."""
+        self.index += n
+
+    def strided(self, t: int) -> bool:
+        return self.strided_of == t if self.strided_of is not None else self.claim is None
+
+
+def _iter_check(exercise, module, seed, learner_file, skip, memcheck, time_limit, units):
     gen = torch.Generator().manual_seed(seed if seed is not None else int(time.time_ns() % 2**31))
     learner_file = learner_file or getattr(module, "__file__", None)
     todos = unfinished_todos(learner_file) if learner_file else []
@@ -72,7 +116,7 @@ def _iter_check(exercise, module, seed, learner_file, skip, memcheck, time_limit
         cases = task.make_cases(gen, runtime.DEVICE)  # drawn even when skipped: same inputs after
         if not callable(launcher):
             cid = f"{t}:-"
-            if cid not in skip:
+            if units.next(done=cid in skip):
                 yield "result", cid, task.function, "-", CaseResult(
                     "-", missing_function_verdict(module, task.function), 0.0)
             continue
@@ -85,7 +129,10 @@ def _iter_check(exercise, module, seed, learner_file, skip, memcheck, time_limit
         for c, case in enumerate(cases):
             cid = f"{t}:{c}"
             if cid in skip:
+                units.next(done=True)
                 passed.append(bool(skip[cid]))
+                continue
+            if not units.next():
                 continue
             yield "start", cid, task.function, case.label, None
             start = time.perf_counter()
@@ -105,12 +152,16 @@ def _iter_check(exercise, module, seed, learner_file, skip, memcheck, time_limit
                 case.label, verdict, time.perf_counter() - start)
             if not verdict.passed and verdict.headline.startswith("not implemented"):
                 stop = True  # one "start at TODO n" is enough
+                units.pass_over(len(cases) - c - 1 + (getattr(task, "module_check", None) is not None))
                 break
         # A check of the learner's module as a whole (exercise 7: every tuning config launched
         # once, which the interpreter's one-config autotuning never does).
         module_check = getattr(task, "module_check", None)
         cid = f"{t}:module"
-        if module_check is not None and not stop and cid not in skip:
+        if module_check is not None and cid in skip and not stop:
+            units.next(done=True)
+            passed.append(bool(skip[cid]))
+        elif module_check is not None and not stop and units.next():
             label = "every config of CONFIGS, launched once"
             yield "start", cid, task.function, label, None
             start = time.perf_counter()
@@ -119,7 +170,7 @@ def _iter_check(exercise, module, seed, learner_file, skip, memcheck, time_limit
             yield "result", cid, task.function, label, CaseResult(
                 label, verdict, time.perf_counter() - start)
         cid = f"{t}:strided"
-        if not stop and passed and all(passed) and cid not in skip:
+        if not stop and passed and all(passed) and cid not in skip and units.strided(t):
             yield "start", cid, task.function, f"{cases[0].label}, non-contiguous inputs", None
             result = _strided_case(launcher, task, cases[0])
             yield "result", cid, task.function, result.label, result

@@ -5,7 +5,9 @@ double-linked list" abort) or loop forever. So ``workshop check`` does not impor
 itself: a child process (``python -m triton_workshop.teach.sandbox``) imports it and checks one
 case after another, writing one JSON line per event to a pipe. This process prints each verdict
 the moment it arrives; if the child dies, or a case runs past its time limit, the case is
-reported with the likely cause and a fresh child carries on with the cases left.
+reported with the likely cause and a fresh child carries on with the cases left. Where this
+process runs Triton's interpreter itself, a child is a fork of it (torch and Triton already
+imported: no seconds spent importing them again); on a GPU machine a fresh Python.
 
 On a GPU machine the cases run on the GPU, where nothing checks the bounds of a load or store.
 A second child runs the same cases (same seed, same inputs) in Triton's interpreter
@@ -17,6 +19,7 @@ that run alone, with a note saying so.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import queue
@@ -27,6 +30,9 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
+import warnings
+from functools import partial
 from pathlib import Path
 
 from .. import runtime
@@ -38,8 +44,8 @@ from .loop import iter_check
 from .report import CasePrinter, print_header, print_import_failure
 from .verdict import CaseResult, Verdict
 
-__all__ = ["ChildRun", "InterpreterRerun", "check_isolated", "child_env", "child_main", "import_failure",
-           "import_hang", "interpreted_instead", "merge", "rerun_only"]
+__all__ = ["ChildRun", "ForkedChild", "InterpreterRerun", "check_isolated", "child_env", "child_main",
+           "forks_children", "import_failure", "import_hang", "interpreted_instead", "merge", "rerun_only"]
 
 STARTUP_LIMIT = 120.0  # seconds for a child to import torch, Triton and the learner's file
 CUDA_BROKEN = ("CUDA error", "illegal memory access", "device-side assert", "unspecified launch failure")
@@ -84,6 +90,9 @@ def child_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip", default="{}")
     parser.add_argument("--memcheck", choices=("auto", "on", "off"), default="auto")
     parser.add_argument("--time-limit", type=float, default=None)
+    parser.add_argument("--claims", type=int, default=None,
+                        help="a pipe of unit numbers, shared with other children (teach.parallel)")
+    parser.add_argument("--strided-of", type=int, default=None)
     args = parser.parse_args(argv)
     pipe = os.fdopen(args.fd, "w", buffering=1)
 
@@ -111,7 +120,9 @@ def child_main(argv: list[str] | None = None) -> int:
     memcheck = {"auto": None, "on": True, "off": False}[args.memcheck]
     for event, cid, function, label, result in iter_check(
             EXERCISES[args.exercise], module, seed=args.seed, learner_file=str(path),
-            skip=json.loads(args.skip), memcheck=memcheck, time_limit=args.time_limit):
+            skip=json.loads(args.skip), memcheck=memcheck, time_limit=args.time_limit,
+            claim=None if args.claims is None else partial(claim_unit, args.claims),
+            strided_of=args.strided_of):
         if event == "start":
             emit(event="start", id=cid, function=function, label=label)
             continue
@@ -125,6 +136,14 @@ def child_main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def claim_unit(fd: int) -> int | None:
+    """The next unit number from a pipe of them (two bytes each, written at once, before any
+    child started): a read this small is atomic, so children sharing the pipe never split one.
+    None when the pipe is empty."""
+    data = os.read(fd, 2)
+    return int.from_bytes(data, "big") if len(data) == 2 else None
+
+
 # --------------------------------------------------------------------------------------------
 # The parent: one child at a time per role, restarted after a crash.
 # --------------------------------------------------------------------------------------------
@@ -133,8 +152,10 @@ class ChildRun(threading.Thread):
     and puts ``(role, event dict)`` on ``events``; ``(role, {"event": "finished"})`` last."""
 
     def __init__(self, role: str, number: int, path: Path, seed: int, events: queue.Queue, *,
-                 env: dict, memcheck: str, time_limit: float):
+                 env: dict, memcheck: str, time_limit: float, extra_args: tuple = (),
+                 keep_fds: tuple = ()):
         super().__init__(daemon=True)
+        self.extra_args, self.keep_fds = list(extra_args), tuple(keep_fds)
         self.role, self.number, self.path, self.seed = role, number, path, seed
         self.events, self.env, self.memcheck, self.time_limit = events, env, memcheck, time_limit
         self.done: dict[str, bool] = {}
@@ -164,13 +185,17 @@ class ChildRun(threading.Thread):
         """Run one child to its end; True when nothing is left to do."""
         read_fd, write_fd = os.pipe()
         stderr = tempfile.TemporaryFile()
-        cmd = [sys.executable, "-m", "triton_workshop.teach.sandbox", "--exercise", str(self.number),
-               "--file", str(self.path), "--seed", str(self.seed), "--fd", str(write_fd),
-               "--skip", json.dumps(self.done), "--memcheck", self.memcheck,
-               "--time-limit", str(self.time_limit)]
+        argv = ["--exercise", str(self.number), "--file", str(self.path), "--seed", str(self.seed),
+                "--fd", str(write_fd), "--skip", json.dumps(self.done), "--memcheck", self.memcheck,
+                "--time-limit", str(self.time_limit), *self.extra_args]
         try:
-            self.proc = subprocess.Popen(cmd, env=self.env, pass_fds=(write_fd,), stdin=subprocess.DEVNULL,
-                                         stdout=subprocess.PIPE, stderr=stderr)
+            if forks_children():
+                self.proc = ForkedChild(argv, (write_fd, *self.keep_fds), stderr, self.env)
+            else:
+                self.proc = subprocess.Popen([sys.executable, "-m", "triton_workshop.teach.sandbox", *argv],
+                                             env=self.env, pass_fds=(write_fd, *self.keep_fds),
+                                             stdin=subprocess.DEVNULL,
+                                             stdout=subprocess.PIPE, stderr=stderr)
         finally:
             os.close(write_fd)
         relay = threading.Thread(target=_relay, args=(self.proc.stdout, self.out), daemon=True)
@@ -210,6 +235,8 @@ class ChildRun(threading.Thread):
                         finished = True
             self.proc.wait()
             relay.join(timeout=5)
+            if isinstance(self.proc, ForkedChild):
+                self.proc.stdout.close()
             if finished:
                 return True
             if current is None:  # exited between cases (a restart after a CUDA error)
@@ -232,6 +259,98 @@ class ChildRun(threading.Thread):
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+
+def forks_children() -> bool:
+    """Whether a child is a fork of this process rather than a fresh Python: when this process
+    already runs Triton's interpreter, as every child then does, a fork starts in milliseconds
+    where a fresh one spends seconds importing torch and Triton again. A process that compiles
+    for a GPU spawns: a CUDA context does not survive a fork, and the rerun child must decide
+    for the interpreter before any kernel is decorated. Linux only: on macOS a fork of a process
+    that loaded system frameworks may crash (Python spawns there by default too)."""
+    return runtime.INTERPRET and hasattr(os, "fork") and sys.platform.startswith("linux")
+
+
+class ForkedChild:
+    """A child forked from this process that runs :func:`child_main`; what :class:`ChildRun`
+    uses of a ``subprocess.Popen`` (``stdout``, ``poll``, ``wait``, ``kill``, ``returncode``)."""
+
+    def __init__(self, argv: list[str], keep_fds: tuple[int, ...], stderr, env: dict | None = None):
+        out_read, out_write = os.pipe()
+        with warnings.catch_warnings():
+            # Python 3.12+ warns when a threaded process forks: the child below runs only
+            # child_main, and replaces the streams other threads may have held.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:  # the child: never returns
+            _forked_main(argv, keep_fds, out_write, stderr.fileno(), env)
+        os.close(out_write)
+        self.pid, self.returncode = pid, None
+        self._reaping = threading.Lock()
+        self.stdout = os.fdopen(out_read, "rb")
+
+    def poll(self) -> int | None:
+        # One thread reaps (the run's own, or one stopping it): the others see the code it set.
+        if self.returncode is None and self._reaping.acquire(blocking=False):
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+                if pid:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+            finally:
+                self._reaping.release()
+        return self.returncode
+
+    def wait(self) -> int:
+        with self._reaping:
+            if self.returncode is None:
+                _, status = os.waitpid(self.pid, 0)
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _forked_main(argv: list[str], keep_fds: tuple[int, ...], out_fd: int, err_fd: int,
+                 env: dict | None) -> None:
+    """The forked child: the same standard streams a spawned child gets (stdin empty, stdout to
+    the parent's relay, stderr to its file), no other descriptor of the parent's kept open (a
+    sibling's pipe would never see its end), then :func:`child_main`, then exit without running
+    the parent's exit handlers."""
+    code = 1
+    try:
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(out_fd, 1)
+        os.dup2(err_fd, 2)
+        low = 3
+        for fd in sorted(keep_fds):
+            os.closerange(low, fd)
+            low = fd + 1
+        os.closerange(low, max(low, os.sysconf("SC_OPEN_MAX")))
+        sys.stdin = sys.__stdin__ = open(0, closefd=False)
+        sys.stdout = sys.__stdout__ = open(1, "w", buffering=1, closefd=False)
+        sys.stderr = sys.__stderr__ = open(2, "w", buffering=1, closefd=False)
+        if env is not None:  # what a learner's file reads at import sees a spawned child's
+            os.environ.clear()
+            os.environ.update(env)
+        faulthandler.disable()  # a spawned child dies without a Python traceback: the same last words
+        code = child_main(argv)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # noqa: BLE001  (reported on stderr, as a spawned child's would be)
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001
+                pass
+        os._exit(code)
 
 
 def _relay(stream, out) -> None:

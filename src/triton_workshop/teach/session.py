@@ -140,10 +140,17 @@ def check_exercise(number: int, module: ModuleType | None = None, *, solution: b
     if isolate is None:
         isolate = can_rerun(path)
     if isolate:
+        from .parallel import check_parallel, parallel_workers, prints_while_checked
         from .sandbox import check_isolated
 
         if rerun_in_interpreter is None:
             rerun_in_interpreter = compiled_natively()
+        workers = 1 if rerun_in_interpreter or prints_while_checked(
+            Path(path), {task.function for task in exercise.tasks}) else parallel_workers()
+        if workers > 1:  # the cases shared among forked workers, one per core
+            return check_parallel(exercise, Path(path), seed=int(time.time_ns() % 2**31) if seed is None else seed,
+                                  console=console, source=source, png=png, time_limit=limit,
+                                  workers=workers)
         return check_isolated(exercise, Path(path), seed=seed, console=console, source=source,
                               png=png, time_limit=limit, rerun_in_interpreter=rerun_in_interpreter)
     if module is None:
