@@ -362,3 +362,35 @@ def test_fused_layers_under_gradient_checkpointing(fused_adds):
     ref_params = dict(reference.named_parameters())
     for name, p in model.named_parameters():
         torch.testing.assert_close(p.grad, ref_params[name].grad, **TOL, msg=name)
+
+
+def test_fused_layer_takes_the_older_cache_argument_name():
+    """transformers before the rename (5.17 and earlier) calls a layer's cache argument
+    ``past_key_values`` and passes it on under that name: the fused body follows."""
+    import inspect
+
+    from torch import nn
+
+    written = decoder.llama_layer_forward
+    names = tuple("past_key_values" if n == "cache" else n
+                  for n in inspect.signature(written).parameters)
+    body = decoder.body_for(written, names)
+    assert body is not None and tuple(inspect.signature(body).parameters) == names
+    assert decoder.body_for(written, names + ("something_else",)) is None
+
+    seen = {}
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.input_layernorm = self.post_attention_layernorm = nn.Identity()
+            self.mlp = nn.Identity()
+
+        def self_attn(self, **kwargs):
+            seen.update(kwargs)
+            return kwargs["hidden_states"] * 2, None
+
+    h = torch.randn(2, 3, 4)
+    out = body(Layer(), h, past_key_values="the cache")
+    assert seen["past_key_values"] == "the cache" and "cache" not in seen
+    torch.testing.assert_close(out, 2 * (h + 2 * h))  # h + attn, then + mlp of it

@@ -39,6 +39,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import re
+import textwrap
 import types
 from typing import Callable
 
@@ -237,11 +239,32 @@ def _class_recipe(cls: type) -> LayerRecipe | None:
         reference = families.reference(family, name)
         if reference is None or not _same_chain(chain, _decorator_chain(reference.forward)):
             continue
-        if list(inspect.signature(chain[-1]).parameters) != list(
-                inspect.signature(body).parameters):  # fmt: skip
-            continue  # pragma: no cover - the same code has the same arguments
+        body = body_for(body, tuple(inspect.signature(chain[-1]).parameters))
+        if body is None:
+            continue  # arguments of a transformers version not written for here
         return LayerRecipe(norm_attr, _rewrapped(chain, body))
     return None
+
+
+#: The name transformers gave a layer's cache argument before it became ``cache``.
+_OLD_CACHE_NAME = "past_key_values"
+
+
+@functools.lru_cache(maxsize=None)
+def body_for(body: Callable, names: tuple) -> Callable | None:
+    """``body`` with the installed layer's argument names: as written (``cache``), or, for a
+    transformers that still calls it ``past_key_values`` (5.17 and before: the same code under
+    the old name, passed on to the attention under it too), the same source with that name;
+    None for any other difference."""
+    if list(inspect.signature(body).parameters) == list(names):
+        return body
+    if _OLD_CACHE_NAME not in names or "cache" in names:
+        return None
+    source = re.sub(r"\bcache\b", _OLD_CACHE_NAME, textwrap.dedent(inspect.getsource(body)))
+    namespace: dict = {}
+    exec(compile(source, inspect.getsourcefile(body), "exec"), body.__globals__, namespace)  # noqa: S102
+    renamed = namespace[body.__name__]
+    return renamed if list(inspect.signature(renamed).parameters) == list(names) else None
 
 
 def layer_recipe(layer: nn.Module) -> tuple[LayerRecipe | None, str | None]:
