@@ -18,7 +18,9 @@
 # triton-workshop kernel) failed. Budget on an H100: the benchmark suite about 7.5 minutes,
 # --quick about 2; the tests over 10 minutes in one process, 4.2 minutes with 12 pytest-xdist
 # workers (1280 passed, 2026-11-24). So tests and the full benchmark need two calls of a 10-minute
-# limit on one GPU: use --no-tests, --quick or PYTEST_ARGS="-k ..." (a selection).
+# limit on one GPU: use --no-tests, --quick or PYTEST_ARGS="-k ..." (a selection). The suite
+# grew to about 3,000 tests: with 20 workers it no longer finishes in 465 s beside a model
+# benchmark on the other GPU (2026-11-27); give it a call of its own.
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
@@ -83,7 +85,9 @@ run_test_suite() {
     fi
     start=$SECONDS
     # One config per autotuned kernel in the tests: correctness, not speed (bench tunes fully).
-    TRITON_WORKSHOP_AUTOTUNE=${TRITON_WORKSHOP_AUTOTUNE:-0} "$PYTHON" -m pytest tests -q -p no:cacheprovider -rf --tb=short "${timeout_flag[@]}" $PYTEST_ARGS 2>&1 | tee "$RESULTS/pytest.log"
+    # -v: each test's outcome and name as it finishes, so that a run cut off by the call's time
+    # limit still names its failures (-rf's summary comes only at the end).
+    TRITON_WORKSHOP_AUTOTUNE=${TRITON_WORKSHOP_AUTOTUNE:-0} "$PYTHON" -m pytest tests -v -p no:cacheprovider -rf --tb=short "${timeout_flag[@]}" $PYTEST_ARGS 2>&1 | tee "$RESULTS/pytest.log"
     rc=$?
     tests_status=$([ $rc = 0 ] && echo "passed" || echo "FAILED (exit $rc)")
     echo "tests: $tests_status in $((SECONDS - start)) s"
