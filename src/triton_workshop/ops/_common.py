@@ -125,6 +125,21 @@ class SignatureCache(dict):
             self[key] = value
         return value
 
+    def found(self, tuning, key, make: Callable):
+        """What ``make()`` works out for ``key`` (a launcher's plan), made once under ``tuning``
+        and kept (None too); made again on every call whose key cannot be hashed (symbolic
+        sizes: torch.compile with dynamic shapes)."""
+        try:
+            value = self.under(tuning).get(key, _MISSING)
+        except TypeError:
+            return make()
+        if value is _MISSING:
+            value = self.remember(key, make())
+        return value
+
+
+_MISSING = object()
+
 
 # --------------------------------------------------------------------------------------------
 # Normalisations over trailing dims (layer_norm, rms_norm).

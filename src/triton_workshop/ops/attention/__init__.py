@@ -236,11 +236,10 @@ def _op_key(q, k, v, causal, scale, key_padding_mask, window, softcap, sinks, dr
             dropout_seed, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> tuple:
     """Everything :func:`_check_op_args` reads (values where it checks a range, types where it
     checks a type)."""
-    return (layout_key(q), layout_key(k), layout_key(v), causal, type(causal), type(scale),
-            layout_key(key_padding_mask), window, type(window), softcap, type(softcap),
-            layout_key(sinks), dropout_p, type(dropout_p), layout_key(dropout_seed),
-            layout_key(cu_seqlens_q), layout_key(cu_seqlens_k), max_seqlen_q, type(max_seqlen_q),
-            max_seqlen_k, type(max_seqlen_k))  # fmt: skip
+    return (*_public_key(q, k, v, causal, scale, key_padding_mask, window, softcap, sinks,
+                         dropout_p),
+            layout_key(dropout_seed), layout_key(cu_seqlens_q), layout_key(cu_seqlens_k),
+            max_seqlen_q, type(max_seqlen_q), max_seqlen_k, type(max_seqlen_k))  # fmt: skip
 
 
 #: The registered ops' checked call signatures (the value is only a mark: the checks passed).

@@ -43,14 +43,8 @@ def _plan(kernel, n_elements: int, dtype: torch.dtype, tuning: ElementwiseTuning
 
 def _find_plan(kernel, n_elements: int, dtype: torch.dtype) -> LaunchPlan:
     """:func:`_plan` under the current :data:`TUNING`: one dict lookup for a size seen before."""
-    try:
-        key = (kernel, n_elements, dtype)
-        plan = _PLANS.under(TUNING).get(key)
-    except TypeError:  # a symbolic size (torch.compile with dynamic shapes): worked out uncached
-        key, plan = None, None
-    if plan is None:
-        plan = _PLANS.remember(key, _plan(kernel, n_elements, dtype, TUNING))
-    return plan
+    return _PLANS.found(TUNING, (kernel, n_elements, dtype),
+                        lambda: _plan(kernel, n_elements, dtype, TUNING))
 
 
 #: :func:`_find_plan`'s plans.

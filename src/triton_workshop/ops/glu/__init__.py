@@ -60,19 +60,17 @@ def _find_plan(kernel, inputs: tuple, out_dtypes: tuple, activation: int):
     seen as rows (:func:`_as_rows`), and whether the inputs must be reshaped into rows at each
     launch (a copy; otherwise the plan launches the tensors themselves: a view starts where its
     tensor starts). Looked up by every shape, stride and dtype the launch reads."""
-    try:
-        key = (kernel, inputs[0].shape, *[t.stride() for t in inputs],
-               *[t.dtype for t in inputs], *out_dtypes, activation)
-        planned = _LAUNCHES.under(TUNING).get(key)
-    except TypeError:  # symbolic sizes (torch.compile with dynamic shapes): worked out uncached
-        key, planned = None, None
-    if planned is None:
-        views, n_rows, n_cols = _as_rows(*inputs)
-        planned = _LAUNCHES.remember(key, (
-            _plan(kernel, n_rows, n_cols, _strides(views), activation,
+    key = (kernel, inputs[0].shape, *[t.stride() for t in inputs], *[t.dtype for t in inputs],
+           *out_dtypes, activation)
+    return _LAUNCHES.found(TUNING, key, lambda: _new_launch(kernel, inputs, out_dtypes, activation))
+
+
+def _new_launch(kernel, inputs: tuple, out_dtypes: tuple, activation: int):
+    """:func:`_find_plan`'s ``(plan, reshape)``, worked out."""
+    views, n_rows, n_cols = _as_rows(*inputs)
+    return (_plan(kernel, n_rows, n_cols, _strides(views), activation,
                   (*[t.dtype for t in inputs], *out_dtypes), TUNING),
-            not _views_of(inputs, n_cols)))
-    return planned
+            not _views_of(inputs, n_cols))
 
 
 def _launch(kernel, inputs: tuple, outputs: tuple, activation: int) -> None:

@@ -154,15 +154,9 @@ def layer_norm_forward(
 def _find_forward_plan(n_rows, n_cols, eps, dtypes, has_weight, has_bias) -> LaunchPlan:
     """:func:`_forward_plan` under the current :data:`TUNING`: one dict lookup for a shape seen
     before."""
-    try:
-        key = (n_rows, n_cols, eps, dtypes, has_weight, has_bias)
-        plan = _FORWARD_PLANS.under(TUNING).get(key)
-    except TypeError:  # symbolic sizes (torch.compile with dynamic shapes): worked out uncached
-        key, plan = None, None
-    if plan is None:
-        plan = _FORWARD_PLANS.remember(key, _forward_plan(n_rows, n_cols, eps, dtypes, has_weight,
-                                                          has_bias, TUNING))
-    return plan
+    return _FORWARD_PLANS.found(
+        TUNING, (n_rows, n_cols, eps, dtypes, has_weight, has_bias),
+        lambda: _forward_plan(n_rows, n_cols, eps, dtypes, has_weight, has_bias, TUNING))
 
 
 #: :func:`_find_forward_plan`'s plans by its arguments.
@@ -331,15 +325,10 @@ def _find_backward_plan(n_rows, n_cols, dy_dtype, x_dtype, w_dtype, dw_dtype, db
     """:func:`_backward_plan` under the current :data:`TUNING`: one dict lookup for a shape seen
     before (found on every eager forward that records)."""
     dtypes = (dy_dtype, x_dtype, w_dtype, dw_dtype, db_dtype)
-    try:
-        key = (n_rows, n_cols, dtypes, has_weight, need, device)
-        plan = _BACKWARD_PLANS.under(TUNING).get(key)
-    except TypeError:  # symbolic sizes (torch.compile with dynamic shapes): worked out uncached
-        key, plan = None, None
-    if plan is None:
-        plan = _BACKWARD_PLANS.remember(key, _backward_plan(
-            n_rows, n_cols, dtypes, has_weight, need, runtime.num_sms(device), TUNING))
-    return plan
+    return _BACKWARD_PLANS.found(
+        TUNING, (n_rows, n_cols, dtypes, has_weight, need, device),
+        lambda: _backward_plan(n_rows, n_cols, dtypes, has_weight, need, runtime.num_sms(device),
+                               TUNING))
 
 
 #: :func:`_find_backward_plan`'s plans by its arguments.

@@ -144,16 +144,10 @@ def _find_forward_plan(n_rows, n_cols, eps, weight_offset, dtypes, has_residual,
                        round_xhat) -> LaunchPlan:
     """:func:`_forward_plan` under the current :data:`TUNING`: one dict lookup for a shape seen
     before."""
-    try:
-        key = (n_rows, n_cols, eps, weight_offset, dtypes, has_residual, has_weight, round_xhat)
-        plan = _FORWARD_PLANS.under(TUNING).get(key)
-    except TypeError:  # symbolic sizes (torch.compile with dynamic shapes): worked out uncached
-        key, plan = None, None
-    if plan is None:
-        plan = _FORWARD_PLANS.remember(key, _forward_plan(
-            n_rows, n_cols, eps, weight_offset, dtypes, has_residual, has_weight, round_xhat,
-            TUNING))
-    return plan
+    return _FORWARD_PLANS.found(
+        TUNING, (n_rows, n_cols, eps, weight_offset, dtypes, has_residual, has_weight, round_xhat),
+        lambda: _forward_plan(n_rows, n_cols, eps, weight_offset, dtypes, has_residual,
+                              has_weight, round_xhat, TUNING))
 
 
 #: :func:`_find_forward_plan`'s plans by its arguments.
@@ -309,16 +303,11 @@ def _find_backward_plan(n_rows, n_cols, weight_offset, dtypes, has_weight, casti
                         device) -> BackwardPlan:
     """``dtypes``: of dy, x, the weight as launched, dsum (None: there is none), dweight. One
     dict lookup for a shape seen before (found on every eager forward that records)."""
-    try:
-        key = (n_rows, n_cols, weight_offset, dtypes, has_weight, casting_mode, need, device)
-        plan = _BACKWARD_PLANS.under(TUNING).get(key)
-    except TypeError:  # symbolic sizes (torch.compile with dynamic shapes): worked out uncached
-        key, plan = None, None
-    if plan is None:
-        plan = _BACKWARD_PLANS.remember(key, _backward_plan(
-            n_rows, n_cols, weight_offset, dtypes, has_weight, dtypes[3] is not None,
-            casting_mode == "llama", need, runtime.num_sms(device), TUNING))
-    return plan
+    return _BACKWARD_PLANS.found(
+        TUNING, (n_rows, n_cols, weight_offset, dtypes, has_weight, casting_mode, need, device),
+        lambda: _backward_plan(n_rows, n_cols, weight_offset, dtypes, has_weight,
+                               dtypes[3] is not None, casting_mode == "llama", need,
+                               runtime.num_sms(device), TUNING))
 
 
 #: :func:`_find_backward_plan`'s plans by its arguments.

@@ -125,19 +125,12 @@ def _plan(shape, dim: int, all_strides, dtype, backward: bool,
 def _find_plan(shape, dim: int, all_strides, dtype, backward: bool) -> LaunchPlan | None:
     """:func:`_plan` under the current :data:`TUNING`: one dict lookup for a layout seen
     before."""
-    try:
-        key = (shape, dim, all_strides, dtype, backward)
-        plan = _PLANS.under(TUNING).get(key, _NO_PLAN)
-    except TypeError:  # symbolic sizes (torch.compile with dynamic shapes): worked out uncached
-        key, plan = None, _NO_PLAN
-    if plan is _NO_PLAN:
-        plan = _PLANS.remember(key, _plan(shape, dim, all_strides, dtype, backward, TUNING))
-    return plan
+    return _PLANS.found(TUNING, (shape, dim, all_strides, dtype, backward),
+                        lambda: _plan(shape, dim, all_strides, dtype, backward, TUNING))
 
 
 #: :func:`_find_plan`'s plans by layout (None: a tensor needs a copy).
 _PLANS = SignatureCache()
-_NO_PLAN = object()
 
 
 def _new_output(x: torch.Tensor) -> torch.Tensor:
