@@ -164,6 +164,9 @@ if pytest is not None:
     def test_there_are_slides():
         assert SLIDE_FILES, "no slides/*.md"
 
+    # Every block in the interpreter, from empty compile caches: minutes on a loaded machine,
+    # more than the suite's per-test limit (pytest-timeout's marker; inert without the plugin).
+    @pytest.mark.timeout(900)
     @slide_files
     def test_python_blocks_run(path, tmp_path):
         assert python_blocks(path), f"{path.name} has no python blocks"
