@@ -8,6 +8,7 @@ import dataclasses
 
 import gc
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,16 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("big_memory") is not None:
             item.add_marker(pytest.mark.xdist_group("big_memory"))
+
+
+def pytest_runtest_logreport(report):
+    # With TRITON_WORKSHOP_FAILURE_LOG set (scripts/gpu_check.sh), each failure's report is
+    # appended there as it happens: a run cut off by a time limit keeps its tracebacks, which
+    # pytest prints only at the end.
+    path = os.environ.get("TRITON_WORKSHOP_FAILURE_LOG")
+    if path and report.failed:
+        with open(path, "a") as log:
+            log.write(f"=== {report.nodeid} ({report.when})\n{report.longreprtext}\n")
 
 
 @pytest.fixture(autouse=True)
