@@ -3,7 +3,10 @@
 * ``cross_entropy fwd`` and ``fwd+bwd``: (N, V) logits, the mean loss over int64 targets.
   Memory-bound; bytes counted are the minimum any implementation must move: the forward reads
   the logits (``N·V·itemsize``) and the targets (``8·N``); forward + backward also writes the
-  gradient (``2·N·V·itemsize + 8·N``; ours reads the logits once more, in the backward).
+  gradient (``2·N·V·itemsize + 8·N``). The backward starts from a gradient of 1, as
+  ``loss.backward()`` does (:func:`.measure.output_gradient`): ours then moves just those bytes
+  (the forward writes the gradient, the backward has nothing to scale); another incoming
+  gradient (a loss divided by accumulation steps) costs a read and a write more.
 * ``linear_cross_entropy fwd+bwd``: ``F.cross_entropy(F.linear(x, W).float(), t)`` with x
   (N, H), W (V, H), the gradients of x and W. Compute-bound: three products of ``2·N·H·V`` FLOPs
   (logits, grad x, grad W). What the fused op is for is memory: eager PyTorch holds N x V logits

@@ -123,13 +123,16 @@ def timed_call(w: Workload, fn: Callable, inputs: Inputs, dy: torch.Tensor | Non
 
 
 def output_gradient(w: Workload, inputs: Inputs) -> torch.Tensor | tuple | None:
-    """A fixed random gradient of the output for fwd+bwd workloads (None for forward only)."""
+    """A fixed random gradient of the output for fwd+bwd workloads (None for forward only); a
+    scalar output (a loss) gets 1, what ``loss.backward()`` passes in a training step."""
     if not w.backward:
         return None
     with torch.no_grad():
         probe = w.reference(*inputs)
     if isinstance(probe, (tuple, list)):  # one gradient per output
         return tuple(torch.randn_like(p) for p in probe)
+    if probe.dim() == 0:
+        return torch.ones_like(probe)
     return torch.randn_like(probe)
 
 

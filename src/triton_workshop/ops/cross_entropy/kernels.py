@@ -11,15 +11,17 @@ A row whose target is ``ignore_index`` has loss 0 and gradient 0 and is not read
 
 * :func:`cross_entropy_fwd_kernel`: the loss and ``lse`` of each row from one online pass (a
   running max and sum of exponentials, so a row of any length takes registers for one chunk);
-  with ``COMPUTE_GRAD`` a second pass overwrites the row with its scaled gradient, in place: the
-  fused linear + cross-entropy keeps only one chunk of logits, and that buffer is the gradient's.
-* :func:`cross_entropy_bwd_kernel`: the scaled gradient of each row from its saved ``lse``, one
-  read and one write (into another tensor, or in place).
+  with ``COMPUTE_GRAD`` a second pass writes the row's gradient (times ``1 / n_valid`` for a
+  mean) into a gradient row, which may be the logits row itself (the fused linear +
+  cross-entropy keeps only one chunk of logits, and that buffer becomes the gradient's).
+* :func:`cross_entropy_bwd_kernel`: the gradient of each row times the incoming gradient, either
+  recomputed from the logits and the saved ``lse`` (one read, one write), or from the gradient
+  the forward stored (in place, a row whose incoming gradient is exactly 1 is not touched).
 
-Arithmetic is fp32 whatever the logits' dtype; the gradient is rounded once, on the store. The
-gradient's scale (``1 / n_valid`` for a mean, the incoming gradient, or both) is read from a
-tensor with a row stride, 0 for one scalar: no host sync to learn it. The host code is in
-``__init__.py``; why the kernels are built this way is in docs/kernels/cross_entropy.md.
+Arithmetic is fp32 whatever the logits' dtype; a gradient is rounded on its store. Scales (the
+count of targets of a mean, the incoming gradient) are read from device tensors with a row
+stride, 0 for one scalar: no host sync to learn them. The host code is in ``__init__.py``; why
+the kernels are built this way is in docs/kernels/cross_entropy.md.
 """
 
 import triton
@@ -66,14 +68,21 @@ def _row_logsumexp(x_row, n_cols, col_stride, UNIT_COLS: tl.constexpr, SUM_X: tl
 
 @triton.jit
 def _store_row_grad(x_row, d_row, n_cols, x_col_stride, target, lse, scale, smoothing,
-                    UNIT_COLS: tl.constexpr, BLOCK_N: tl.constexpr):
+                    UNIT_COLS: tl.constexpr, REVERSE: tl.constexpr, BLOCK_N: tl.constexpr):
     """``d_row[c] = scale * (exp(x_c - lse) - eps / n_cols - (1 - eps) * [c == target])``;
     ``d_row`` is contiguous and may be ``x_row`` itself (each element is read before it is
     written, by this program only). A target outside ``[0, n_cols)`` gives a row of NaN (no
-    host check: that would wait for the GPU)."""
+    host check: that would wait for the GPU). ``REVERSE``: the chunks last to first, for a row
+    this program has just streamed first to last: the chunks read last are the likeliest to be
+    still in L2 when a long row and its neighbours' do not all fit there."""
     in_range = (target >= 0) & (target < n_cols)
     smooth = smoothing / n_cols
-    for start in range(0, n_cols, BLOCK_N):
+    n_chunks = tl.cdiv(n_cols, BLOCK_N)
+    for step in range(n_chunks):
+        if REVERSE:
+            start = (n_chunks - 1 - step) * BLOCK_N
+        else:
+            start = step * BLOCK_N
         cols = start + tl.arange(0, BLOCK_N)
         mask = cols < n_cols
         x = tl.load(x_row + _col_offsets(cols, x_col_stride, UNIT_COLS), mask=mask,
@@ -92,16 +101,27 @@ def _store_zero_row(d_row, n_cols, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
+def _store_scaled_row(g_row, d_row, n_cols, factor, BLOCK_N: tl.constexpr):
+    """``d_row = factor * g_row`` (both contiguous; ``d_row`` may be ``g_row``), in fp32."""
+    for start in range(0, n_cols, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        mask = cols < n_cols
+        g = tl.load(g_row + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(d_row + cols, (g * factor).to(d_row.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def cross_entropy_fwd_kernel(
-    x_ptr, target_ptr, scale_ptr, loss_ptr, lse_ptr,
-    n_cols, x_row_stride, x_col_stride, target_stride, scale_stride,
+    x_ptr, target_ptr, count_ptr, loss_ptr, lse_ptr, grad_ptr,
+    n_cols, x_row_stride, x_col_stride, target_stride, grad_row_stride,
     ignore_index, smoothing,
-    SMOOTHING: tl.constexpr, COMPUTE_GRAD: tl.constexpr, UNIT_COLS: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    SMOOTHING: tl.constexpr, COMPUTE_GRAD: tl.constexpr, MEAN: tl.constexpr,
+    UNIT_COLS: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """Per row: ``loss`` and ``lse`` (fp32). With ``COMPUTE_GRAD`` (``x`` then contiguous) the
-    row is overwritten with its gradient times ``scale``: the second read of the row mostly hits
-    L2, which still holds what this program just streamed."""
+    """Per row: ``loss`` and ``lse`` (fp32). With ``COMPUTE_GRAD`` the row's gradient is written
+    to ``grad`` (contiguous rows; ``x`` itself where the caller owns the logits), divided by
+    the count of targets at ``count_ptr`` for a ``MEAN``: the second read of the row, backwards,
+    mostly hits L2, which still holds what this program just streamed."""
     row = tl.program_id(0).to(tl.int64)  # int64: row * stride may pass 2**31
     x_row = x_ptr + row * x_row_stride
     target = tl.load(target_ptr + row * target_stride)
@@ -109,7 +129,7 @@ def cross_entropy_fwd_kernel(
         tl.store(loss_ptr + row, 0.0)
         tl.store(lse_ptr + row, 0.0)
         if COMPUTE_GRAD:
-            _store_zero_row(x_row, n_cols, BLOCK_N)
+            _store_zero_row(grad_ptr + row * grad_row_stride, n_cols, BLOCK_N)
     else:
         lse, x_sum = _row_logsumexp(x_row, n_cols, x_col_stride, UNIT_COLS, SMOOTHING, BLOCK_N)
         in_range = (target >= 0) & (target < n_cols)
@@ -123,27 +143,62 @@ def cross_entropy_fwd_kernel(
         tl.store(loss_ptr + row, loss)
         tl.store(lse_ptr + row, lse)
         if COMPUTE_GRAD:
-            scale = tl.load(scale_ptr + row * scale_stride).to(tl.float32)
-            _store_row_grad(x_row, x_row, n_cols, x_col_stride, target, lse, scale, smoothing,
-                            UNIT_COLS, BLOCK_N)
+            if MEAN:  # a row counted, so the count is at least 1
+                scale = 1.0 / tl.load(count_ptr).to(tl.float32)
+            else:
+                scale = 1.0
+            _store_row_grad(x_row, grad_ptr + row * grad_row_stride, n_cols, x_col_stride,
+                            target, lse, scale, smoothing, UNIT_COLS, True, BLOCK_N)
 
 
 @triton.jit
 def cross_entropy_bwd_kernel(
     x_ptr, target_ptr, lse_ptr, scale_ptr, dx_ptr,
-    n_cols, x_row_stride, x_col_stride, target_stride, scale_stride, dx_row_stride,
+    n_cols, x_row_stride, x_col_stride, target_stride, lse_stride, scale_stride, dx_row_stride,
     ignore_index, smoothing,
+    FROM_GRAD: tl.constexpr, APPLIED: tl.constexpr, IN_PLACE: tl.constexpr,
     UNIT_COLS: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """Per row: ``dx = scale * dloss/dx`` from the forward's ``lse``: one read of ``x``, one
-    write of ``dx`` (which may be ``x`` itself)."""
+    """Per row: ``dx = scale * dloss/dx``, ``scale`` the incoming gradient (and ``1 / n_valid``
+    for a mean, already in it where the forward made the gradient).
+
+    * ``FROM_GRAD`` off: recomputed from the logits ``x`` and the forward's ``lse``: one read of
+      ``x``, one write of ``dx`` (which may be ``x`` itself).
+    * ``FROM_GRAD``: ``x`` is the gradient the forward stored (contiguous). With ``APPLIED``,
+      ``lse_ptr`` holds the incoming gradient an earlier backward already multiplied it by in
+      place: ``dx = x * scale / applied`` (``x`` unchanged where the two are equal; a row that an
+      applied 0, inf or NaN has wiped becomes NaN, where it cannot be recovered). ``IN_PLACE``
+      (``dx`` is ``x``; read only with ``FROM_GRAD``): a row whose factor is exactly 1, the
+      usual incoming gradient of a loss, is neither read nor written, and ignored rows keep
+      their zeros, whatever ``scale``.
+    """
     row = tl.program_id(0).to(tl.int64)
     dx_row = dx_ptr + row * dx_row_stride
     target = tl.load(target_ptr + row * target_stride)
     if target == ignore_index:
-        _store_zero_row(dx_row, n_cols, BLOCK_N)
+        if FROM_GRAD:
+            if not IN_PLACE:  # in place: the stored gradient's row holds its zeros already
+                _store_zero_row(dx_row, n_cols, BLOCK_N)
+        else:
+            _store_zero_row(dx_row, n_cols, BLOCK_N)
     else:
-        lse = tl.load(lse_ptr + row)
         scale = tl.load(scale_ptr + row * scale_stride).to(tl.float32)
-        _store_row_grad(x_ptr + row * x_row_stride, dx_row, n_cols, x_col_stride, target, lse,
-                        scale, smoothing, UNIT_COLS, BLOCK_N)
+        if FROM_GRAD:
+            if APPLIED:
+                applied = tl.load(lse_ptr + row * lse_stride).to(tl.float32)
+                # abs(NaN) < inf is False: NaN counts as unrecoverable, as inf and 0 do.
+                recoverable = (applied != 0.0) & (tl.abs(applied) < float("inf"))
+                ratio = scale / tl.where(recoverable, applied, 1.0)
+                factor = tl.where(scale == applied, 1.0,
+                                  tl.where(recoverable, ratio, float("nan")))
+            else:
+                factor = scale
+            if IN_PLACE:
+                if factor != 1.0:
+                    _store_scaled_row(dx_row, dx_row, n_cols, factor, BLOCK_N)
+            else:
+                _store_scaled_row(x_ptr + row * x_row_stride, dx_row, n_cols, factor, BLOCK_N)
+        else:
+            lse = tl.load(lse_ptr + row * lse_stride)
+            _store_row_grad(x_ptr + row * x_row_stride, dx_row, n_cols, x_col_stride, target,
+                            lse, scale, smoothing, UNIT_COLS, False, BLOCK_N)

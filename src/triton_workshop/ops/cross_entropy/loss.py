@@ -1,0 +1,229 @@
+"""cross_entropy's registered ops and their autograd: the forward (loss, logsumexp and, where
+the eager backward can use it, the gradient), the recomputing backward, and the scaling of a
+gradient the forward made. The public function is in the package's ``__init__``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ... import runtime
+from ...runtime import register_op
+from .plans import (
+    applied_scale,
+    backward_plan,
+    backward_plan_for,
+    count_valid,
+    counted,
+    grad_scale,
+    launch_backward,
+    launch_forward,
+    reduce_losses,
+    refuse_double_backward,
+)
+from .tuning import TUNING
+
+
+# --------------------------------------------------------------------------------------------
+# cross_entropy: registered ops and autograd.
+#
+# Where autograd records an eager call (fp32 or bf16 logits), the forward makes the gradient
+# for an incoming gradient of 1 while it reads the logits (a second read of each row, from L2),
+# and autograd keeps that gradient instead of the logits: the backward multiplies it in place
+# by the incoming gradient, on the device, and leaves a row alone when that is exactly 1 (a
+# loss's usual incoming gradient; a mean's 1/n_valid is already in). Forward + backward then
+# move 2·N·V elements (read the logits, write the gradient) where recomputing in the backward
+# moves 3·N·V; an incoming gradient other than 1 adds a read and a write (4·N·V).
+#
+# Why a kernel reads the incoming gradient rather than the host checking ``grad == 1``: the
+# value lives on the GPU, and reading it waits for everything queued before it (the whole
+# forward), which stalls the host at the start of every backward and is refused inside CUDA
+# graphs; the kernel's check costs one scalar load a row.
+#
+# The recompute path stays where it is better:
+# * fp16 logits: the gradient of a mean over many tokens (softmax / n_valid, down to 1e-10) is
+#   below fp16's range before a loss scaler's factor (GradScaler's 2**16) multiplies it, so
+#   storing it first would flush it to zero; recomputed, the factor comes first, as in torch.
+# * torch.compile and other traced calls: the traced backward cannot skip a pass or write in
+#   place, and 3·N·V beats 4·N·V.
+# * no gradient wanted: the forward reads the logits once and writes nothing.
+#
+# Peak memory is the same N·V gradient either way; what autograd keeps between forward and
+# backward is the gradient instead of the logits (which the caller may free).
+# --------------------------------------------------------------------------------------------
+def _cross_entropy_forward_fake(x, target, ignore_index, reduction, label_smoothing, out_dtype,
+                                compute_grad):
+    n_rows = x.shape[0]
+    return (x.new_empty((n_rows,) if reduction == "none" else (), dtype=out_dtype),
+            x.new_empty(n_rows, dtype=torch.float32),
+            x.new_empty(x.shape if compute_grad else (0,)))
+
+
+# No autocast policy of its own: under autocast F.cross_entropy (on torch's fp32 lists) casts
+# the logits to fp32; this op reads them as they are (its arithmetic is fp32 anyway) and only
+# returns the fp32 loss that autocast gives (``out_dtype``), without an fp32 copy of the logits.
+@register_op("cross_entropy_forward", fake=_cross_entropy_forward_fake)
+def cross_entropy_forward(
+    x: torch.Tensor,
+    target: torch.Tensor,
+    ignore_index: int,
+    reduction: str,
+    label_smoothing: float,
+    out_dtype: torch.dtype,
+    compute_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(loss, lse, grad)`` of (N, C) logits ``x`` and (N,) targets (arguments already checked
+    by :func:`cross_entropy`): ``loss`` reduced and in ``out_dtype``; ``lse`` the per-row
+    logsumexp (fp32, 0 for ignored rows); with ``compute_grad`` ``grad`` = d(loss)/d(x) for an
+    incoming gradient of 1 (a new contiguous tensor in ``x``'s dtype; ``x`` is only read),
+    otherwise an empty placeholder."""
+    n_rows = x.shape[0]
+    loss_rows = x.new_empty(n_rows, dtype=torch.float32)
+    lse = x.new_empty(n_rows, dtype=torch.float32)
+    count = count_valid(target, ignore_index) if reduction == "mean" else None
+    grad = x.new_empty(x.shape) if compute_grad else x.new_empty(0)
+    if n_rows:
+        launch_forward(x, target, loss_rows, lse, ignore_index, label_smoothing,
+                       grad if compute_grad else None, count if compute_grad else None)
+    loss = reduce_losses(loss_rows, target, ignore_index, reduction, out_dtype, count,
+                         keep_count=not compute_grad)
+    return loss, lse, grad
+
+
+def _cross_entropy_backward_fake(grad_loss, x, target, lse, ignore_index, reduction,
+                                 label_smoothing):
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+@register_op("cross_entropy_backward", fake=_cross_entropy_backward_fake)
+def cross_entropy_backward(
+    grad_loss: torch.Tensor,
+    x: torch.Tensor,
+    target: torch.Tensor,
+    lse: torch.Tensor,
+    ignore_index: int,
+    reduction: str,
+    label_smoothing: float,
+) -> torch.Tensor:
+    """The gradient of the loss w.r.t. ``x`` (contiguous, ``x``'s dtype), recomputed from the
+    saved per-row ``lse``: one read of ``x`` and one write."""
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if x.shape[0]:
+        scale = grad_scale(grad_loss, target, ignore_index, reduction)
+        launch_backward(x, target, lse, scale, dx, ignore_index, label_smoothing)
+    return dx
+
+
+def _scale_grad_fake(grad_loss, grad, target, applied, ignore_index):
+    return torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)
+
+
+@register_op("cross_entropy_scale_grad", fake=_scale_grad_fake)
+def cross_entropy_scale_grad(
+    grad_loss: torch.Tensor,
+    grad: torch.Tensor,
+    target: torch.Tensor,
+    applied: torch.Tensor | None,
+    ignore_index: int,
+) -> torch.Tensor:
+    """``grad`` (the forward's gradient, for an incoming gradient of 1) times ``grad_loss``, out
+    of place (a backward that builds a graph, or a second one over a retained graph). Where an
+    earlier backward multiplied ``grad`` by ``applied`` in place: times ``grad_loss /
+    applied``; a row it multiplied by 0, inf or NaN cannot be recovered and becomes NaN."""
+    dx = torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)
+    if grad.shape[0]:
+        launch_backward(grad, target, grad if applied is None else applied, grad_loss, dx,
+                        ignore_index, 0.0, from_grad=True, applied=applied is not None)
+    return dx
+
+
+def _cross_entropy_setup_context(ctx, inputs, output):
+    x, target, ignore_index, reduction, label_smoothing, _, compute_grad = inputs
+    loss, lse, grad = output
+    if compute_grad and getattr(ctx, "eager", False):
+        # ``grad`` stays differentiable (see :func:`refuse_double_backward`).
+        ctx.mark_non_differentiable(lse)
+    else:
+        ctx.mark_non_differentiable(lse, grad)
+    ctx.set_materialize_grads(False)  # no zeros built for the outputs nobody differentiates
+    ctx.loss_args = (ignore_index, reduction, label_smoothing)
+    ctx.from_grad = compute_grad
+    n_rows, n_cols = x.shape
+    eager = getattr(ctx, "eager", False) and n_rows and reduction != "none"
+    if compute_grad:
+        # The gradient, not the logits: the caller's logits may be freed after the forward.
+        ctx.save_for_backward(grad, target)
+        ctx.applied = [None]  # see applied_scale
+        if eager:
+            # The first backward's plan, found now on the calling thread (a mean or a sum: one
+            # incoming gradient, 0-d, of the loss's dtype; in place).
+            ctx.scale_dtype = loss.dtype
+            ctx.backward_plan = backward_plan(
+                n_rows, n_cols, (grad.dtype, target.dtype, grad.dtype, loss.dtype, grad.dtype),
+                grad.stride(), target.stride(0), grad.stride(0), 0, n_cols, ignore_index, 0.0,
+                True, False, True, TUNING)
+        return
+    # The logits themselves: saving a tensor that exists costs no memory.
+    ctx.save_for_backward(x, target, lse)
+    if eager:
+        # The backward's plan, found now on the calling thread (a mean or a sum: one scale for
+        # every row, a 0-d tensor; dx contiguous): the backward then only allocates and launches.
+        ctx.backward_plan = backward_plan(
+            n_rows, n_cols, (x.dtype, target.dtype, lse.dtype, torch.float32, x.dtype),
+            x.stride(), target.stride(0), 1, 0, n_cols, ignore_index, label_smoothing,
+            False, False, False, TUNING)
+        # A mean's count of targets, from the forward: not counted again in the backward.
+        ctx.count = counted(loss) if reduction == "mean" else None
+
+
+def _cross_entropy_backward_planned(plan, grad_loss, x, target, lse, ignore_index, reduction,
+                                    count=None):
+    dx = torch.empty_like(x, memory_format=torch.contiguous_format)
+    if count is not None:
+        scale = grad_loss.float() / count
+    else:
+        scale = grad_scale(grad_loss, target, ignore_index, reduction)
+    plan.launch_eager(x, target, lse, scale, dx)
+    return dx
+
+
+def _backward_from_grad(ctx, grad_loss):
+    """The backward where the forward stored the gradient: the first eager one multiplies it in
+    place and hands it out; a backward that builds a graph (create_graph), or any later one
+    over a retained graph, makes a new tensor."""
+    grad, target = ctx.saved_tensors
+    ignore_index = ctx.loss_args[0]
+    if ctx.applied[0] is None and runtime.eager_backward():
+        if grad.shape[0]:
+            plan = getattr(ctx, "backward_plan", None)
+            if plan is None or grad_loss.dtype is not ctx.scale_dtype or grad_loss.dim():
+                plan = backward_plan_for(grad, target, grad, grad_loss, grad, ignore_index, 0.0,
+                                         from_grad=True)
+            # Autograd runs a CUDA backward on its device thread, already on grad's device.
+            plan.launch_eager(grad, target, grad, grad_loss, grad)
+        ctx.applied[0] = (grad_loss, grad_loss._version)
+        return grad.detach()
+    return cross_entropy_scale_grad(grad_loss, grad, target,
+                                    applied_scale(ctx, 0, "cross_entropy"), ignore_index)
+
+
+def _cross_entropy_backward_autograd(ctx, grad_loss, _grad_lse, grad_of_grad):
+    refuse_double_backward("cross_entropy", grad_of_grad)
+    if grad_loss is None or not ctx.needs_input_grad[0]:
+        return None, None, None, None, None, None, None
+    if ctx.from_grad:
+        return _backward_from_grad(ctx, grad_loss), None, None, None, None, None, None
+    x, target, lse = ctx.saved_tensors
+    plan = getattr(ctx, "backward_plan", None)
+    if plan is not None and runtime.eager_backward():
+        # Autograd runs a CUDA backward on its device thread, already on x's device.
+        dx = _cross_entropy_backward_planned(plan, grad_loss, x, target, lse,
+                                             *ctx.loss_args[:2], getattr(ctx, "count", None))
+    else:
+        dx = cross_entropy_backward(grad_loss, x, target, lse, *ctx.loss_args)
+    return dx, None, None, None, None, None, None
+
+
+cross_entropy_forward.register_autograd(
+    _cross_entropy_backward_autograd, setup_context=_cross_entropy_setup_context
+)
