@@ -5,7 +5,10 @@ One job per file; this face re-exports what the ops use:
 * :mod:`.mode` - interpreter or GPU, decided once, before any kernel is decorated (imported first);
 * :mod:`.checks` - argument checks naming the argument, before anything launches;
 * :mod:`.tiling` - integer helpers, autotuning, block/warp heuristics;
-* :mod:`.launch` - the only door to Triton's private API (direct launches of compiled kernels);
+* :mod:`.launch` - direct launches of compiled kernels, past Triton's per-launch Python; with its
+  three neighbours, the only doors to Triton's private API: :mod:`.interpreter` (two fixes to
+  the interpreter, applied at import), :mod:`.stub` (stand-in compiled kernels for timing the
+  host without a GPU) and :mod:`.parallel_compile` (autotuning candidates compiled at once);
 * :mod:`.registry` - the only door to torch's dispatch internals (registered ops, eager fast path,
   autocast);
 * :mod:`.plans` - launch plans and their cache: the one way a launcher keeps a launch ready.

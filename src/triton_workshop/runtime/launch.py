@@ -1,14 +1,18 @@
-"""Launching kernels, and the ONLY module that touches Triton's private API.
+"""Launching kernels: the direct launch of compiled kernels, past Triton's per-launch Python.
 
 Everything here reaches past Triton's public surface: the compiled kernel's C launcher
-(``CompiledKernel.run``), the autotuner's ``best_config``, the JIT function's parameters, launch
-hooks in ``triton.knobs``, and two fixes to the interpreter (scalars as loop bounds; jit
-functions decorated before interpreter mode was chosen). Each use falls back to Triton's own
-public launch when what it reads is not what it expects, and while a setting that changes what
-Triton compiles or does around a launch is on (debug, instrumentation, pre-run hooks, ...).
-tests/test_launch.py runs the direct launches against the installed Triton's own objects (a
-kernel compiled for sm_90, no GPU needed), so that a change in Triton shows there. Also here:
-:func:`device_guard`, so a kernel launches on its tensor's own device.
+(``CompiledKernel.run``), the autotuner's ``best_config``, the JIT function's parameters and
+launch hooks in ``triton.knobs``. Each use falls back to Triton's own public launch when what it
+reads is not what it expects, and while a setting that changes what Triton compiles or does
+around a launch is on (debug, instrumentation, pre-run hooks, ...). tests/test_launch.py runs the
+direct launches against the installed Triton's own objects (a kernel compiled for sm_90, no GPU
+needed), so that a change in Triton shows there. Also here: :func:`device_guard`, so a kernel
+launches on its tensor's own device, and :func:`stub_launches`, the no-GPU host timing switch.
+
+Its neighbours, the other doors to Triton's private API, hold what is not on the launch path
+(re-exported here, their old home): :mod:`.interpreter` (two fixes to the interpreter, applied
+at import), :mod:`.stub` (the stand-ins :func:`stub_launches` installs) and
+:mod:`.parallel_compile` (autotuning candidates compiled in parallel).
 """
 
 from __future__ import annotations
@@ -18,117 +22,16 @@ import functools
 import inspect
 import os
 import threading
-import types
 
 import torch
 import triton
 
+# Importing .interpreter applies its fixes. EARLY_JIT_FUNCTIONS, compile_ahead and
+# parallel_compile_tuner are re-exported: this module was their home, and callers import them here.
 from . import mode
-
-
-def _squeeze_interpreter_index() -> bool:
-    """Make the interpreter's scalars usable as ``range()`` bounds under NumPy >= 2.4.
-
-    The interpreter holds a scalar as a shape-(1,) array, and Triton <= 3.6 turns it into a Python
-    int with ``int(array)``, which NumPy 2.4 refuses ("only 0-dimensional arrays can be converted
-    to Python scalars"): every loop with a runtime bound then fails. Triton 3.7 squeezes first
-    (triton-lang/triton#9172); on older versions the same one-line fix is applied here. Returns
-    whether it was applied."""
-    try:
-        from triton.runtime import interpreter
-    except ImportError:  # pragma: no cover - a Triton without an interpreter module
-        return False
-    original = getattr(interpreter, "_patch_lang_tensor", None)
-    if original is None or "squeeze" in inspect.getsource(original):
-        return False
-
-    def patch_lang_tensor(tensor, scope):
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
-
-    interpreter._patch_lang_tensor = patch_lang_tensor
-    return True
-
-
-def _interpret_early_jit_functions() -> str:
-    """Run the ``@triton.jit`` functions decorated before interpreter mode was chosen in the
-    interpreter too, so that the mode holds whatever was imported first.
-
-    Triton chooses between compiling and interpreting when ``@triton.jit`` *decorates* a function
-    (it reads ``TRITON_INTERPRET`` then). Importing ``torch._dynamo``, torchvision, timm or
-    transformers' models imports Triton before this package can set the variable, so Triton's own
-    helpers (``tl.cdiv``, ``tl.sigmoid``, the combine functions of ``tl.max``/``tl.sum``, ...)
-    are GPU ``JITFunction`` objects. An interpreted kernel that calls one fails ("Cannot call
-    @triton.jit'd outside of the scope of a kernel"); a kernel of the user's decorated that early
-    fails to launch ("0 active drivers"). In interpreter mode neither can work otherwise, so both
-    calls go to an ``InterpretedFunction`` of the same Python function, which is what the
-    decorator makes in interpreter mode (one per function, made on first use; the objects stay
-    the same, so the interpreter's identity checks on ``tl.standard``'s combine functions still
-    hold). Triton 3.6-3.9 have everything read here; where something differs nothing is changed
-    and a warning says how to avoid the problem. Returns what was done ("" when nothing
-    needed doing)."""
-    try:
-        import triton.language as tl
-        from triton.runtime.interpreter import InterpretedFunction
-        from triton.runtime.jit import JITFunction
-    except ImportError as exc:  # pragma: no cover - a Triton without these modules
-        return _cannot_interpret_early_jit(f"{exc}")
-    if getattr(JITFunction, "_triton_workshop_interprets", False):
-        return "already routed"
-    early = [value for value in vars(tl).values() if isinstance(value, JITFunction)]
-    if not early:
-        return ""  # Triton was imported after the mode was set: every function is interpreted
-    try:
-        run_parameters = inspect.signature(InterpretedFunction.run).parameters
-        if not (callable(getattr(early[0], "fn", None)) and "grid" in run_parameters
-                and "warmup" in run_parameters and callable(InterpretedFunction.__call__)):
-            return _cannot_interpret_early_jit("InterpretedFunction or JITFunction changed")
-    except (TypeError, ValueError) as exc:
-        return _cannot_interpret_early_jit(f"{exc}")
-
-    interpreted: dict = {}
-
-    def interpreted_twin(jit_function):
-        twin = interpreted.get(jit_function.fn)
-        if twin is None:
-            twin = interpreted[jit_function.fn] = InterpretedFunction(jit_function.fn)
-        return twin
-
-    def call(self, *args, **kwargs):  # a device function called from an interpreted kernel
-        return interpreted_twin(self)(*args, **kwargs)
-
-    def run(self, *args, grid, warmup, **kwargs):  # kernel[grid](...) of an early kernel
-        return interpreted_twin(self).run(*args, grid=grid, warmup=warmup, **kwargs)
-
-    # Triton's own two, kept: tests compile for sm_90 in this process (tests/test_launch.py).
-    JITFunction._triton_workshop_compiled = {"__call__": JITFunction.__call__,
-                                             "run": JITFunction.run}
-    JITFunction.__call__ = call
-    JITFunction.run = run
-    JITFunction._triton_workshop_interprets = True
-    return f"routed {len(early)} early triton.language functions (and any other) to the interpreter"
-
-
-def _cannot_interpret_early_jit(why: str) -> str:
-    import warnings
-
-    warnings.warn(
-        "triton-workshop: Triton was imported before interpreter mode was chosen, and its jit "
-        f"functions could not be switched to the interpreter ({why}): kernels may fail with "
-        "\"Cannot call @triton.jit'd outside of the scope of a kernel\". Import triton_workshop "
-        "before torch._dynamo, torchvision, timm or transformers, or set TRITON_INTERPRET=1 "
-        "before Python starts.", RuntimeWarning, stacklevel=2)
-    return f"not routed: {why}"
-
-
-if mode.INTERPRET:
-    _squeeze_interpreter_index()
-    #: What :func:`_interpret_early_jit_functions` did at import ("" when Triton was imported
-    #: after the mode was set, the usual order).
-    EARLY_JIT_FUNCTIONS = _interpret_early_jit_functions()
-else:
-    EARLY_JIT_FUNCTIONS = ""
-
+from .interpreter import EARLY_JIT_FUNCTIONS  # noqa: F401
+from .parallel_compile import compile_ahead, parallel_compile_tuner  # noqa: F401
+from .stub import Stub
 
 _NO_GUARD = contextlib.nullcontext()
 
@@ -598,64 +501,8 @@ def fast_launcher(kernel) -> FastLaunch:
 # --------------------------------------------------------------------------------------------
 # Host time without a GPU.
 # --------------------------------------------------------------------------------------------
-class _StubLauncher:
-    """Stands in for a compiled kernel's C launcher: takes what Triton's takes, does nothing."""
-
-    def __call__(self, gridX, gridY, gridZ, stream, function, kernel_metadata, launch_metadata,
-                 launch_enter_hook, launch_exit_hook, *args):
-        return None
-
-
-class _StubCompiled:
-    """Stands in for Triton's ``CompiledKernel`` (named so, as :meth:`FastLaunch._entry`
-    checks the name)."""
-
-    function = 0
-    packed_metadata = None
-    run = _StubLauncher()
-
-    def __getitem__(self, grid):
-        return self.run_hooked
-
-    def run_hooked(self, *args, **kwargs):
-        return None
-
-
-_StubCompiled.__name__ = _StubCompiled.__qualname__ = "CompiledKernel"
-
-
-class _StubParam:
-    def __init__(self, param: inspect.Parameter):
-        self.name = param.name
-        self.has_default = param.default is not inspect.Parameter.empty
-        self.default = param.default if self.has_default else None
-
-
-class _Stub:
-    """What :func:`stub_launches` changes: interpreted kernels look like compiled ones."""
-
-    def __init__(self):
-        self.jits: dict = {}
-
-    def jit_of(self, interpreted):
-        """A stand-in JITFunction for an interpreted kernel: its parameters, no hooks."""
-        jit = self.jits.get(interpreted)
-        if jit is None:
-            jit = types.SimpleNamespace(
-                fn=interpreted, arg_names=list(interpreted.arg_names), debug=None,
-                params=[_StubParam(p) for p in inspect.signature(interpreted.fn).parameters.values()],
-                pre_run_hooks=[])
-            self.jits[interpreted] = jit
-        return jit
-
-    @staticmethod
-    def first_launch(kernel, grid, args, kwargs):
-        if hasattr(kernel, "configs"):  # an autotuner: its first config, as in the interpreter
-            kernel.best_config = kernel.configs[0]
-        return _StubCompiled()
-
-
-_STUB: "_Stub | None" = None
+#: The stand-ins of :func:`stub_launches` (None: kernels launch for real).
+_STUB: "Stub | None" = None
 
 
 def stub_launches() -> None:
@@ -665,86 +512,9 @@ def stub_launches() -> None:
     launch of a key makes a stand-in for the compiled kernel instead of going to Triton, and the
     C launcher does nothing. Outputs are never written. Irreversible: for measuring only."""
     global _STUB, FAST_LAUNCH, _current_device, _launch_through_triton
-    _STUB = _Stub()
+    _STUB = Stub()
     FAST_LAUNCH = True
     torch._C._cuda_getCurrentRawStream = lambda device: 0  # stream 0 (a CPU build has none)
     _current_device = lambda: 0  # noqa: E731
     _launch_through_triton = _STUB.first_launch
     FAST_LAUNCHERS.clear()  # made before the stub: without a fast path
-
-
-# --------------------------------------------------------------------------------------------
-# Autotuning: compile every candidate at once before timing them.
-# --------------------------------------------------------------------------------------------
-def _async_compile_mode():
-    """Triton's ``AsyncCompileMode`` (compiles handed to an executor), or None where the installed
-    release lacks it."""
-    try:
-        from triton.runtime._async_compile import AsyncCompileMode
-    except ImportError:  # pragma: no cover - a Triton without it tunes as before
-        return None
-    return AsyncCompileMode
-
-
-def compile_ahead(tuner, configs, call_kwargs: dict) -> int:
-    """Compile ``tuner``'s candidate ``configs`` for the call being tuned, in parallel threads.
-
-    Triton's autotuner compiles each candidate when it first times it, one after the other, and
-    a cold first step of a model spends most of its time there (a dozen candidates for each new
-    shape). Compiling releases the GIL for most of its work (MLIR passes, LLVM, ptxas in a child
-    process), so the candidates compile side by side; the timing then finds them ready. Returns
-    how many were handed to the threads (0: nothing done, the autotuner compiles as before).
-    Whatever fails here (a tile that does not fit) fails again when timed, where the autotuner
-    handles it."""
-    async_mode = _async_compile_mode()
-    jit = tuner.fn
-    if async_mode is None or len(configs) < 2 or not hasattr(jit, "run") or not hasattr(jit, "params"):
-        return 0
-    from concurrent.futures import ThreadPoolExecutor
-
-    args = list((tuner.nargs or {}).values())  # the call's positional arguments, in order
-    kwargs = {k: v for k, v in call_kwargs.items() if k != "warmup"}
-    workers = max(1, min(len(configs), os.cpu_count() or 1, 16))
-    try:
-        with ThreadPoolExecutor(workers) as pool, async_mode(pool, ignore_errors=True):
-            for config in configs:
-                jit.run(*args, warmup=True, **kwargs, **config.all_kwargs())
-    except Exception:  # noqa: BLE001 - only a head start: the timing compiles what is missing
-        return 0
-    return len(configs)
-
-
-def parallel_compile_tuner(tuner):
-    """``tuner`` (a ``triton.autotune`` Autotuner) made to compile its candidates in parallel
-    before timing them (:func:`compile_ahead`); unchanged where Triton's autotuner does not have
-    the two steps this hooks into (``prune_configs`` then ``check_disk_cache``)."""
-    base = type(tuner)
-    if not (hasattr(base, "prune_configs") and hasattr(base, "check_disk_cache")):
-        return tuner
-    tuner.__class__ = _parallel_class(base)  # same object and state: torch.compile still sees it
-    return tuner
-
-
-@functools.lru_cache(maxsize=None)
-def _parallel_class(base):
-    class ParallelCompileAutotuner(base):
-        # Triton's run() prunes the candidates of a key it has not tuned, then times them; with
-        # cache_results it first asks check_disk_cache, which times only when no earlier run's
-        # result is on disk: then compile there, not before.
-        def prune_configs(self, kwargs, *rest, **more):
-            configs = super().prune_configs(kwargs, *rest, **more)
-            if getattr(self, "cache_results", False):
-                self._tuning_kwargs = kwargs
-            else:
-                compile_ahead(self, configs, kwargs)
-            return configs
-
-        def check_disk_cache(self, tuning_key, configs, bench_fn):
-            def compile_then_time():
-                compile_ahead(self, configs, getattr(self, "_tuning_kwargs", None) or {})
-                return bench_fn()
-
-            return super().check_disk_cache(tuning_key, configs, compile_then_time)
-
-    ParallelCompileAutotuner.__qualname__ = f"ParallelCompile{base.__name__}"
-    return ParallelCompileAutotuner

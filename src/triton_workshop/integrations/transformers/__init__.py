@@ -55,6 +55,10 @@ its config) computes as before. What it changes, each counted under its kind:
 Modules recognised by what their code computes (:mod:`.families`); a module of a kind asked for
 that cannot be taken is listed in the result's ``skipped`` and a ``PatchWarning``; in place, the
 same Parameters and state_dict keys; compiled models refused before anything changes.
+
+Here: the attention implementation and ``patch_model`` itself; beside it, :mod:`.conv1d`
+(GPT-2's Conv1D), :mod:`.module_plans` (the plan for RMSNorms, MLPs and decoder layers),
+:mod:`.families`, :mod:`.decoder` and :mod:`.loss`.
 """
 
 from __future__ import annotations
@@ -70,10 +74,8 @@ from torch import nn
 try:
     import transformers  # noqa: F401
     from transformers import AttentionInterface, PretrainedConfig, PreTrainedModel
-    from transformers import activations as hf_activations
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-    from transformers.pytorch_utils import Conv1D as HFConv1D
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
         "triton_workshop.integrations.transformers needs the transformers package "
@@ -83,21 +85,17 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from ... import runtime
 from ...nn.patch import (
     PatchWarning,
-    UNFUSED_LINEAR,
     apply_plan,
     check_flag,
-    dtype_device,
-    dtype_reason,
-    has_hooks,
     linear_policy,
     plan_patch,
     warn_if_interpreted,
 )
 from ...ops import attention as attention_ops
 from ...ops.attention import MAX_HEAD_DIM, attention
-from ...ops.matmul import check_activation, check_dropout_p
-from ...ops.matmul import linear as linear_op
-from . import decoder, families, loss
+from . import decoder, families, loss  # noqa: F401 - decoder: a name of the package, as before
+from .conv1d import Conv1D, conv1d_claim
+from .module_plans import plan_decoder_layers, plan_module
 
 #: The name to pass as ``attn_implementation``.
 ATTN_IMPLEMENTATION = "triton_workshop"
@@ -308,138 +306,6 @@ register()
 
 
 # --------------------------------------------------------------------------------------------
-# Conv1D.
-# --------------------------------------------------------------------------------------------
-class Conv1D(HFConv1D):
-    """transformers' ``Conv1D`` (``y = x @ weight + bias``, weight (nx, nf)) computed by
-    :func:`triton_workshop.linear` on the weight read transposed in place (no copy), with an
-    optional fused activation (``None``, ``"relu"``, ``"leaky_relu"``, ``"gelu"``: tanh
-    approximation) and, while training, dropout with probability ``dropout_p`` after it (the
-    ``nn.Dropout`` that followed the module, run in its epilogue). A subclass of transformers'
-    class, so its ``isinstance`` checks hold."""
-
-    def __init__(self, nf: int, nx: int, activation: str | None = None,
-                 dropout_p: float = 0.0) -> None:
-        check_activation(activation, 0.01)
-        super().__init__(nf, nx)
-        self.activation = activation
-        self.dropout_p = check_dropout_p(dropout_p)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear_op(x, self.weight.t(), self.bias, self.activation,
-                         dropout_p=self.dropout_p if self.training else 0.0)
-
-    def __repr__(self) -> str:
-        extra = f", activation={self.activation!r}" if self.activation else ""
-        extra += f", dropout_p={self.dropout_p}" if self.dropout_p else ""
-        return f"Conv1D(nf={self.nf}, nx={self.nx}{extra}) [triton-workshop]"
-
-
-#: The tanh-approximated GELUs of transformers.activations: what the matmul's "gelu" computes.
-_GELU_TANH = tuple(
-    cls
-    for cls in (
-        getattr(hf_activations, "NewGELUActivation", None),
-        getattr(hf_activations, "GELUTanh", None),
-        getattr(hf_activations, "PytorchGELUTanh", None),
-        getattr(hf_activations, "FastGELUActivation", None),
-    )
-    if cls is not None
-)
-
-
-def _gpt2_mlp_forward():
-    try:
-        from transformers.models.gpt2.modeling_gpt2 import GPT2MLP
-    except ImportError:  # pragma: no cover
-        return None
-    return GPT2MLP.forward
-
-
-def _gelu_fusible(mlp: nn.Module, gpt2_forward) -> bool:
-    """GPT-2's MLP computes ``c_proj(act(c_fc(x)))``: when its forward is that one and ``act`` a
-    tanh GELU, c_fc's output feeds the GELU only, so the GELU can run in c_fc's epilogue."""
-    if gpt2_forward is None or getattr(type(mlp), "forward", None) is not gpt2_forward:
-        return False
-    c_fc, act = getattr(mlp, "c_fc", None), getattr(mlp, "act", None)
-    return (
-        type(c_fc) is HFConv1D
-        and type(act) in _GELU_TANH
-        and not has_hooks(c_fc)
-        and not has_hooks(act)
-    )
-
-
-def _gpt2_residual_dropouts() -> dict:
-    """GPT-2's MLP and attention forwards, each to the name of the ``nn.Dropout`` it applies to
-    its ``c_proj``'s output and to nothing else: ``dropout(c_proj(h))`` ends both."""
-    try:
-        from transformers.models.gpt2.modeling_gpt2 import GPT2MLP, GPT2Attention
-    except ImportError:  # pragma: no cover
-        return {}
-    return {GPT2MLP.forward: "dropout", GPT2Attention.forward: "resid_dropout"}
-
-
-def _dropout_fusible(module: nn.Module, forwards: dict) -> str | None:
-    """The name of the Dropout that can run in ``module.c_proj``'s epilogue (see
-    :func:`_gpt2_residual_dropouts`): a plain ``nn.Dropout`` with 0 < p < 1, no hooks; or None."""
-    name = forwards.get(getattr(type(module), "forward", None))
-    if name is None or families.forward_replaced(module):
-        return None
-    c_proj, dropout = getattr(module, "c_proj", None), getattr(module, name, None)
-    if type(c_proj) is not HFConv1D or type(dropout) is not nn.Dropout:
-        return None
-    if has_hooks(c_proj) or has_hooks(dropout) or not 0.0 < dropout.p < 1.0:
-        return None
-    return name
-
-
-def _conv1d_claim(policy: str, enabled: bool):
-    """The ``extra`` of :func:`~triton_workshop.nn.patch.plan_patch`: GPT-2's Conv1D, and the
-    modules with a class from a previous patch_model (left alone); also returns the MLPs whose
-    GELU runs in their c_fc, and the (module, name) of the Dropouts that run in a c_proj, by the
-    id of that Conv1D (filled as the modules are seen)."""
-    gpt2_forward = _gpt2_mlp_forward()
-    residual_dropouts = _gpt2_residual_dropouts()
-    gelu_into: dict[int, nn.Module] = {}  # id(c_fc) -> its MLP
-    dropout_into: dict[int, tuple[nn.Module, str]] = {}  # id(c_proj) -> (its module, dropout)
-
-    def claim(name: str, module: nn.Module):
-        if families.patched_kind(module) is not None:
-            return None, None, None  # patch_model's own per-instance class: leave it
-        if not enabled:
-            return None
-        # An MLP or attention module itself stays; its Conv1Ds come next in named_modules().
-        dropout = _dropout_fusible(module, residual_dropouts)
-        if dropout is not None:
-            dropout_into[id(module.c_proj)] = (module, dropout)
-        if _gelu_fusible(module, gpt2_forward):
-            gelu_into[id(module.c_fc)] = module
-        if type(module) is not HFConv1D:
-            if isinstance(module, HFConv1D) and not isinstance(module, Conv1D):
-                return "conv1d", None, f"{type(module).__qualname__} is a subclass of Conv1D"
-            return None
-        fused = id(module) in gelu_into
-        owner = dropout_into.get(id(module))
-        if not fused and owner is None and policy != "always":
-            return "conv1d", None, UNFUSED_LINEAR
-        dtype, reason = dtype_device(module)
-        reason = reason or dtype_reason(dtype)
-        if reason:
-            return "conv1d", None, reason
-        dropout_p = 0.0
-        if owner is not None:
-            owner_module, dropout_name = owner
-            dropout_p = getattr(owner_module, dropout_name).p
-        with torch.device("meta"):
-            template = Conv1D(module.nf, module.nx, activation="gelu" if fused else None,
-                              dropout_p=dropout_p)
-        return "conv1d", [(module, template)], None
-
-    return claim, gelu_into, dropout_into
-
-
-# --------------------------------------------------------------------------------------------
 # patch_model.
 # --------------------------------------------------------------------------------------------
 def _attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -462,64 +328,6 @@ def _always_falls_back(module: nn.Module) -> str | None:
         return (f"{', '.join(missing)}: not a keyword of this installation's attention kernel; "
                 "the model's own attention computes it")  # fmt: skip
     return None
-
-
-def _plan_module(name, module, flags, plan, changes, norms: set[int]) -> None:
-    """Plan the transformers-specific change of one module (RMSNorm, gated MLP, experts); the ids
-    of the RMSNorms put on the kernel go into ``norms``."""
-    if families.patched_kind(module) is not None:
-        return  # patched before: nothing new
-    recipe = families.norm_recipe(module)
-    if recipe is not None or type(module).__name__.endswith("RMSNorm"):
-        if not flags["rms_norm"]:
-            return
-        dtype, reason = dtype_device(module)
-        reason = reason or families.forward_replaced(module) or dtype_reason(
-            dtype, runtime.FLOAT_DTYPES + (torch.float64,))  # fmt: skip
-        if recipe is None:
-            reason = "its code is none of the RMSNorms known here (Llama's, Gemma's, GPT-OSS's)"
-        if reason:
-            plan.skip(name, "rms_norm", reason)
-            return
-        changes.append(lambda: families.patch_rms_norm(module, recipe))
-        plan.counts["rms_norm"] += 1
-        norms.add(id(module))
-        return
-    if not flags["mlp"]:
-        return
-    mlp, reason = families.mlp_recipe(module)
-    if mlp is None and reason is None:
-        if type(module).__name__.endswith("Experts"):
-            plan.skip(name, "swiglu", "mixture-of-experts experts: their gated matmuls stay on torch")
-        return
-    dtype, dtype_why = dtype_device(module)
-    reason = reason or dtype_why or families.forward_replaced(module) or dtype_reason(dtype)
-    if reason:
-        plan.skip(name, mlp.glu if mlp else "swiglu", reason)
-        return
-    changes.append(lambda: families.patch_mlp(module, mlp))
-    plan.counts[mlp.glu] += 1
-
-
-def _plan_decoder_layers(model, plan, changes, norms: set[int]) -> None:
-    """The decoder layers whose residual add runs in the RMSNorm after it (see :mod:`.decoder`):
-    where the layer's forward is known and that norm is on the kernel (``norms``, or from an
-    earlier patch_model)."""
-    for name, layer in model.named_modules():
-        if families.patched_kind(layer) is not None:
-            continue
-        recipe, reason = decoder.layer_recipe(layer)
-        if recipe is None and reason is None:
-            continue
-        if reason is None:
-            norm = getattr(layer, recipe.norm_attr)
-            if id(norm) not in norms and families.patched_kind(norm) != "rms_norm":
-                reason = f"its {recipe.norm_attr} stays on torch"
-        if reason:
-            plan.skip(name, "add_rms_norm", reason)
-            continue
-        changes.append(lambda m=layer, r=recipe: decoder.patch_layer(m, r))
-        plan.counts["add_rms_norm"] += 1
 
 
 def _plan_attention(model, flags, plan, changes):
@@ -611,7 +419,7 @@ def patch_model(
     }  # fmt: skip
     policy = linear_policy(linear)
     register()
-    claim, gelu_into, dropout_into = _conv1d_claim(policy, flags["conv1d"])
+    claim, gelu_into, dropout_into = conv1d_claim(policy, flags["conv1d"])
     kinds = [k for k in ("layer_norm", "rms_norm", "conv2d") if flags[k]]
     if policy != "never":
         kinds.append("linear")
@@ -635,9 +443,9 @@ def patch_model(
 
     changes, norms = [], set()
     for name, module in model.named_modules():
-        _plan_module(name, module, flags, plan, changes, norms)
+        plan_module(name, module, flags, plan, changes, norms)
     if flags["rms_norm"] and flags["add_rms_norm"]:
-        _plan_decoder_layers(model, plan, changes, norms)
+        plan_decoder_layers(model, plan, changes, norms)
     set_attention = _plan_attention(model, flags, plan, changes)
     if flags["cross_entropy"] and hasattr(model, "lm_head") and families.patched_kind(model) is None:
         reason = loss.loss_reason(model)

@@ -1,30 +1,29 @@
 """Matrix multiplication with the epilogue fused in: ``dropout(act(a @ b + bias))`` in one kernel.
 
-The matmul family's host code: its tuning object (:class:`MatmulTuning`, :data:`TUNING`), the
-launcher other families call (:func:`launch_matmul`: TF32 operand layout, aligned copies of ragged
-operands, Hopper's TMA path), the registered op with its autograd (the backward redraws the
-epilogue's dropout mask from its seed), and the public :func:`matmul` and :func:`linear`. The
+The matmul family's host code: the registered op with its autograd (the backward redraws the
+epilogue's dropout mask from its seed) and the public :func:`matmul` and :func:`linear`. The
+tuning object (:class:`MatmulTuning`, :data:`TUNING`) is in :mod:`.tuning`; the launcher other
+families call (:func:`launch_matmul`) in :mod:`.product`, with the operands' layout in
+:mod:`.operands` and Hopper's TMA path in :mod:`.tma`; dropout's backward in :mod:`.dropout`. The
 kernels are in :mod:`.kernels`; why they look as they do (tiles, grouped ordering, ragged shapes,
 TF32, the backward, dropout) is told in docs/kernels/matmul.md.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import math
 import numbers
 import sys
 import types
 from typing import Optional
 
 import torch
-import triton
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ... import runtime
-from ...runtime import FLOAT_DTYPES, register_op, wrap_triton
+from ...runtime import FLOAT_DTYPES, register_op
 from .._common import dropout_seed
+from . import dropout, kernels, operands, product, tma, tuning
+from .dropout import dropout_keep_mask as dropout_keep_mask
+from .dropout import dropout_scaled, matmul_dropout_backward
 from .kernels import (
     CONFIGS,
     MAX_BLOCK,
@@ -35,6 +34,8 @@ from .kernels import (
     pad_copy_kernel,
     prune_configs,
 )
+from .product import input_precision, launch_matmul, out_shape, tf32_enabled
+from .tuning import TUNING, MatmulTuning
 
 __all__ = [
     "ACTIVATIONS", "CONFIGS", "MAX_BLOCK", "MatmulTuning", "TUNING", "check_activation",
@@ -51,487 +52,8 @@ _BIAS_DTYPES = FLOAT_DTYPES + (torch.float64,)
 
 
 # --------------------------------------------------------------------------------------------
-# Tuning.
+# The registered op (inputs already validated by the public functions below).
 # --------------------------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class MatmulTuning:
-    """The matmul family's launch decisions that are not the autotuner's. Read at each call from
-    :data:`TUNING`; a test replaces the whole object
-    (``monkeypatch.setattr(matmul, "TUNING", dataclasses.replace(matmul.TUNING, ...))``)."""
-
-    #: Copy operands whose strides Triton cannot prove 16-byte aligned into rows padded to 16
-    #: elements before the product (:func:`_aligned`): unaligned, the main loop falls to 2-byte
-    #: loads without its software pipeline. Off in the interpreter, which then reads them in
-    #: place, so that path stays tested on the CPU.
-    align_operands: bool = not runtime.INTERPRET
-    #: Whether 2-D fp16/bf16 products run through :func:`matmul_tma_kernel`: None picks it on
-    #: Hopper GPUs (compute capability 9.x, where it was measured) for products of at least a wave
-    #: of tiles and at least ``tma_min_volume``; True always (tests force it in the interpreter),
-    #: False never.
-    tma_matmul: bool | None = None
-    #: With ``tma_matmul=None``, the smallest product (M*N*K) that takes the TMA kernel. Its
-    #: descriptors cost about as much host time again as the rest of a call (built and encoded
-    #: for each call's tensors, docs/results.md, the 2026-11-25 run at 1b36eaa), which only a product running
-    #: longer than that can earn back; below, matmul_kernel (a model's many mid-size products,
-    #: where the host's time per call is what limits an eager step).
-    tma_min_volume: int = 2**34
-    #: matmul_tma_kernel's config (not autotuned: a persistent grid is the SM count whatever the
-    #: config, and this one won or tied at every shape measured; docs/kernels/matmul.md).
-    #: 128x256x64 tiles, 3 stages: three stages of operands plus the output tile staged for its
-    #: TMA store fit Hopper's 227 KB of shared memory; 4 stages do not.
-    tma_block_m: int = 128
-    tma_block_n: int = 256
-    tma_block_k: int = 64
-    #: Tile-rows walked together (grouped ordering: panels shared in L2).
-    tma_group_m: int = 8
-    tma_num_stages: int = 3
-    tma_num_warps: int = 8
-    #: Pipeline the tile loop and the K loop as one (the next tile's loads fly during the
-    #: epilogue of this one).
-    tma_flatten: bool = True
-    tma_warp_specialize: bool = False
-    #: 32-bit offsets inside an output tile wherever they cannot overflow (fewer registers, see
-    #: matmul_kernel's store); False forces 64-bit ones, the path rows of >= 8M elements take.
-    int32_tile_offsets: bool = True
-    #: pad_copy_kernel's tile and warps: a copy, so a fixed tile rather than autotuning; its
-    #: column blocks are whole 16-byte vectors of the padded rows in any dtype.
-    pad_block_rows: int = 32
-    pad_block_cols: int = 128
-    pad_num_warps: int = 4
-    #: dropout_scale_kernel's tile and warps (the backward of the epilogue's dropout): an
-    #: elementwise pass, so a fixed tile, as the padded copy's.
-    dropout_block_rows: int = 32
-    dropout_block_cols: int = 128
-    dropout_num_warps: int = 4
-
-    def tma_config(self) -> dict:
-        """matmul_tma_kernel's config as launch keywords (``BLOCK_M`` ..., ``num_stages``)."""
-        return {"BLOCK_M": self.tma_block_m, "BLOCK_N": self.tma_block_n,
-                "BLOCK_K": self.tma_block_k, "GROUP_M": self.tma_group_m,
-                "num_stages": self.tma_num_stages, "num_warps": self.tma_num_warps,
-                "FLATTEN": self.tma_flatten, "WARP_SPECIALIZE": self.tma_warp_specialize}
-
-
-TUNING = MatmulTuning()
-
-#: The module switches these fields replaced, readable under their old names (for scripts that
-#: print them); setting one raises, since it would no longer change anything.
-_FORMER_SWITCHES = {
-    "TMA_MATMUL": ("tma_matmul", lambda t: t.tma_matmul),
-    "ALIGN_OPERANDS": ("align_operands", lambda t: t.align_operands),
-    "TMA_CONFIG": ("tma_block_m=..., tma_block_n=...", lambda t: t.tma_config()),
-}
-
-
-def __getattr__(name: str):
-    if name in _FORMER_SWITCHES:
-        return _FORMER_SWITCHES[name][1](TUNING)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-class _MatmulModule(types.ModuleType):
-    def __setattr__(self, name: str, value) -> None:
-        if name in _FORMER_SWITCHES:
-            raise AttributeError(
-                f"{name} is now a field of {__name__}.TUNING: set it with monkeypatch.setattr("
-                f"matmul, 'TUNING', dataclasses.replace(matmul.TUNING, "
-                f"{_FORMER_SWITCHES[name][0]}))")
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _MatmulModule
-
-
-# --------------------------------------------------------------------------------------------
-# Launcher helpers.
-# --------------------------------------------------------------------------------------------
-def _batch_size(a: torch.Tensor, b: torch.Tensor) -> int | None:
-    """The batch of the result, or None for a 2-D product. A 2-D operand, or a batch of 1, is
-    broadcast (read with batch stride 0) against the other's batch."""
-    if a.dim() == 2 and b.dim() == 2:
-        return None
-    batches = [t.shape[0] for t in (a, b) if t.dim() == 3]
-    return max(batches) if min(batches) == 1 else batches[0]
-
-
-def _out_shape(a: torch.Tensor, b: torch.Tensor) -> tuple[int, ...]:
-    batch = _batch_size(a, b)
-    mn = (a.shape[-2], b.shape[-1])
-    return mn if batch is None else (batch, *mn)
-
-
-def _batch_stride(t: torch.Tensor) -> int:
-    return t.stride(0) if t.dim() == 3 and t.shape[0] != 1 else 0
-
-
-#: torch's C getter of the resolved precision (torch >= 2.9), without the Python attribute
-#: lookups of ``torch.backends.cuda.matmul`` in front of it (this is read every fp32 product).
-_fp32_precision = getattr(torch._C, "_get_fp32_precision_getter", None)
-
-
-def tf32_enabled() -> bool:
-    """Whether PyTorch would use TF32 for an fp32 matmul on CUDA right now.
-
-    torch >= 2.9 keeps the setting as ``torch.backends.cuda.matmul.fp32_precision`` (read here
-    already resolved through its parents, so ``torch.backends.fp32_precision = "tf32"`` counts);
-    the legacy ``allow_tf32`` is kept in sync when it is *set*, but reading it raises once the two
-    APIs were mixed. Older torch has only ``allow_tf32`` (which ``set_float32_matmul_precision``
-    also drives).
-    """
-    if _fp32_precision is not None:
-        try:
-            return _fp32_precision("cuda", "matmul") == "tf32"
-        except (TypeError, RuntimeError):  # another signature: the Python attribute below
-            pass
-    backend = torch.backends.cuda.matmul
-    precision = getattr(backend, "fp32_precision", None)
-    if precision is not None:
-        return precision == "tf32"
-    return bool(backend.allow_tf32)
-
-
-def _k_major(a: torch.Tensor, b: torch.Tensor, tuning: MatmulTuning
-             ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Operands laid out with K contiguous, as Hopper's TF32 tensor-core instruction reads them.
-
-    With a row-major (K, N) B, Triton re-lays every tile out, and TF32 ran at a fraction of the
-    speed it reaches with B = w.t() (K-major; docs/kernels/matmul.md). A copy of B (one read and
-    one write, a few percent of a large product's time) is far cheaper than that difference.
-    Only on the GPU: the interpreter has no such instruction."""
-    if runtime.INTERPRET:
-        return a, b
-    return _aligned(a, contiguous_dim=-1, tuning=tuning), _aligned(b, contiguous_dim=-2,
-                                                                    tuning=tuning)
-
-
-#: Triton specialises an integer argument (a stride) as "divisible by 16" when its *value* is,
-#: i.e. in elements, whatever the dtype; no weaker divisibility is ever assumed.
-_STRIDE_UNIT = 16
-
-
-def _contiguous_dim(t: torch.Tensor) -> int | None:
-    """Which of the last two dims is contiguous (-1 or -2): the one with unit stride, else one of
-    size 1 (a single row or column, whatever its stride); None when neither is."""
-    for dim in (-1, -2):
-        if t.stride(dim) == 1 and t.shape[dim] > 1:
-            return dim
-    for dim in (-1, -2):
-        if t.shape[dim] == 1:
-            return dim
-    return None
-
-
-def _is_aligned(t: torch.Tensor) -> bool:
-    """Whether Triton can read ``t`` with 16-byte loads, judging from the launch arguments alone.
-
-    It specialises a pointer on ``data_ptr % 16`` bytes but a stride only on ``stride % 16``
-    *elements*: an fp16 row of 7784 elements, 16-byte aligned, still compiles to 2-byte loads.
-    So: one contiguous dim, and every other stride a multiple of 16 elements. A matrix with no
-    unit stride (``b[:, ::2]``) is gathered element by element and fails this, as does an
-    overlapping view with two. The storage offset stands in for data_ptr(): fake tensors under
-    torch.compile have no data pointer, and PyTorch's allocators hand out storage aligned to far
-    more than 16 bytes."""
-    dim = _contiguous_dim(t)
-    if dim is None or (t.storage_offset() * t.element_size()) % 16 != 0:
-        return False
-    contiguous = t.dim() + dim
-    shape, strides = t.shape, t.stride()
-    for d in range(t.dim()):  # a loop, not all(<generator>): this runs several times a call
-        if d != contiguous and shape[d] > 1 and strides[d] % _STRIDE_UNIT != 0:
-            return False
-    return True
-
-
-@runtime.plan_cache()
-def _pad_copy_plan(batch: int, rows: int, cols: int, padded: int, src_strides: tuple,
-                   dtype: torch.dtype, tuning: MatmulTuning) -> runtime.LaunchPlan:
-    """pad_copy_kernel's launch for one source layout. ``dtype`` is unused here but keys the
-    cache: a plan's prepared launches hold a kernel compiled for one dtype."""
-    block_r, block_c = tuning.pad_block_rows, tuning.pad_block_cols
-    grid = (batch * runtime.cdiv(rows, block_r) * runtime.cdiv(padded, block_c),)
-    return runtime.LaunchPlan(pad_copy_kernel, grid, scalars=(rows, cols, padded, *src_strides),
-                              consts=dict(BLOCK_R=block_r, BLOCK_C=block_c,
-                                          num_warps=tuning.pad_num_warps))
-
-
-def _aligned(t: torch.Tensor, contiguous_dim: int | None = None,
-             tuning: MatmulTuning | None = None) -> torch.Tensor:
-    """``t`` itself, or a copy laid out with ``contiguous_dim`` (by default the one already
-    contiguous) contiguous and its rows padded to a multiple of 16 elements (see _is_aligned).
-
-    Unaligned, the product falls to 2-byte loads and loses its software pipeline (a ragged fp16
-    product ran at a fraction of torch.compile's speed, which pads; docs/kernels/matmul.md).
-    The copy costs about one read and one write of the operand. Its padding is zeros, and the
-    kernel never lets it reach a stored result anyway (see matmul_kernel)."""
-    if not _needs_copy(t, contiguous_dim):
-        return t
-    dim = contiguous_dim if contiguous_dim is not None else _contiguous_dim(t)
-    if dim is None:
-        dim = -1  # strided both ways: make rows contiguous
-    src = t if dim == -1 else t.transpose(-1, -2)  # (..., rows, cols), cols to become contiguous
-    rows, cols = src.shape[-2:]
-    padded = runtime.cdiv(cols, _STRIDE_UNIT) * _STRIDE_UNIT
-    buf = t.new_empty((*src.shape[:-1], padded))
-    batch = src.shape[0] if src.dim() == 3 else 1
-    src_strides = (src.stride(0) if src.dim() == 3 else 0, src.stride(-2), src.stride(-1))
-    plan = _pad_copy_plan(batch, rows, cols, padded, src_strides, t.dtype,
-                          TUNING if tuning is None else tuning)
-    with runtime.device_guard(t):
-        plan.launch(src, buf)
-    view = buf[..., :cols]
-    return view if dim == -1 else view.transpose(-1, -2)
-
-
-def _grain(t: torch.Tensor, dim: int, aligned: bool | None = None) -> int:
-    """How far matmul_kernel may read past the end of ``t``'s dim ``dim``: to a whole number of
-    16-byte vectors, in elements, where ``dim`` is the contiguous dim of an aligned operand (the
-    compiler reads such vectors along it, so wrapping or masking at a finer grain would misalign
-    them or break them up); 1, nothing past the end, elsewhere. Those reads stay within the last
-    16-byte sector of the row, or its padding."""
-    if t.shape[dim] > 1 and t.stride(dim) == 1 and (_is_aligned(t) if aligned is None else aligned):
-        return 16 // t.element_size()
-    return 1
-
-
-def input_precision(dtype: torch.dtype) -> str:
-    """The ``tl.dot`` precision a product of ``dtype`` operands runs in: "tf32" or "ieee"."""
-    if dtype == torch.float32 and tf32_enabled():
-        return "tf32"
-    # fp32 with TF32 off; fp16 and bf16 dots are exact products either way.
-    return "ieee"
-
-
-def launch_matmul(
-    a: torch.Tensor,
-    b: torch.Tensor,
-    out: torch.Tensor,
-    *,
-    bias: torch.Tensor | None = None,
-    activation: str = "none",
-    slope: float = 0.0,
-    dropout_p: float = 0.0,
-    seed: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """``out = dropout(act(a @ b + bias))`` through :func:`matmul_kernel`; returns ``out``.
-    Dropout (probability ``dropout_p``, Philox seed ``seed``: one int64 on the device) only where
-    ``dropout_p > 0``; otherwise the kernel compiles without it.
-
-    What every caller needs between checked inputs and the launch, written once: the TF32
-    operand layout, the aligned copies, the grid, the autotuning buckets, the grains. Shapes as
-    ``_out_shape`` gives them (``out`` of any strides), no dimension empty, K included. The
-    host function other op families call for a product (arguments already checked).
-
-    An eager call whose operands need no copy and no TMA descriptors launches the
-    :class:`~runtime.LaunchPlan` kept for its layout (:func:`_product_plan`): the decisions below
-    are made once per layout, not at every call."""
-    # Placeholders (never read) where the epilogue has no bias or no dropout.
-    bias_or_out = bias if bias is not None else out
-    seed_or_out = seed if dropout_p > 0 else out
-    if runtime.launching_directly():
-        plan = _product_plan(a, b, out, bias, activation, slope, dropout_p)
-        if plan is not None:
-            with runtime.device_guard(a):
-                plan.launch(a, b, out, bias_or_out, seed_or_out)
-            return out
-    tuning = TUNING
-    precision = input_precision(a.dtype)
-    if precision == "tf32":
-        a, b = _k_major(a, b, tuning)
-    if tuning.align_operands:
-        a, b = _aligned(a, tuning=tuning), _aligned(b, tuning=tuning)
-    if _use_tma(a, b, out, precision, tuning):
-        return _launch_matmul_tma(a, b, out, bias=bias, activation=activation, slope=slope,
-                                  dropout_p=dropout_p, seed=seed, tuning=tuning)
-    plan = _kernel_plan(a, b, out, bias, activation, slope, dropout_p, precision, tuning)
-    with runtime.device_guard(a):
-        # Traced (torch.compile): the plan's launch goes through wrap_triton, as Inductor needs.
-        plan.launch(a, b, out, bias_or_out, seed_or_out)
-    return out
-
-
-def _kernel_plan(a, b, out, bias, activation: str, slope: float, dropout_p: float,
-                 precision: str, tuning: MatmulTuning) -> runtime.LaunchPlan:
-    """matmul_kernel's launch over these operands as they lie (already aligned or copied)."""
-    M, K = a.shape[-2:]
-    N = b.shape[-1]
-    batch = out.shape[0] if out.dim() == 3 else 1
-    # 32-bit offsets inside a tile when the largest tile of any config cannot overflow them
-    # (the config itself is only chosen at launch).
-    int32_tile_offsets = tuning.int32_tile_offsets and bool(
-        MAX_BLOCK * (out.stride(-2) + out.stride(-1)) < 2**31)
-    a_aligned, b_aligned = _is_aligned(a), _is_aligned(b)  # once each, for the four grains
-    # matmul_kernel is autotuned: its config, and with it the grid, is chosen at the first
-    # launch of each bucket; the grid is a function of that config (FastLaunch keys it by the
-    # ints it closes over, and a prepared launch keeps the grid the config gave).
-    grid = _grid(batch, M, N)
-    scalars = (
-        M, N, K,
-        _batch_stride(a), a.stride(-2), a.stride(-1),
-        _batch_stride(b), b.stride(-2), b.stride(-1),
-        out.stride(0) if out.dim() == 3 else 0, out.stride(-2), out.stride(-1),
-        bias.stride(0) if bias is not None else 0,
-        slope, dropout_p,
-        runtime.bucket(M), runtime.bucket(N), runtime.bucket(K),
-    )  # fmt: skip
-    consts = dict(
-        A_M_GRAIN=_grain(a, -2, a_aligned), A_K_GRAIN=_grain(a, -1, a_aligned),
-        B_K_GRAIN=_grain(b, -2, b_aligned), B_N_GRAIN=_grain(b, -1, b_aligned),
-        INT32_TILE_OFFSETS=int32_tile_offsets,
-        HAS_BIAS=bias is not None,
-        ACTIVATION=activation,
-        DROPOUT=dropout_p > 0,
-        INPUT_PRECISION=precision,
-        DOT_IN_FP32=runtime.INTERPRET and a.dtype == torch.bfloat16,
-    )
-    return runtime.LaunchPlan(matmul_kernel, grid, scalars, consts)
-
-
-def _grid(batch: int, M: int, N: int):
-    def grid(meta):
-        return (batch * triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
-
-    return grid
-
-
-#: :func:`_product_plan`'s plans by operand layout, for the tuning and TF32 setting they were
-#: made under (replacing either starts a new dict: never a stale plan).
-_PRODUCT_PLANS: dict = {}
-_PRODUCT_PLANS_FOR: tuple = ()
-#: A layout whose product takes the general path (copies, TMA descriptors) every call.
-_GENERAL = object()
-
-
-def _product_plan(a, b, out, bias, activation: str, slope: float, dropout_p: float = 0.0):
-    """The cached :func:`_kernel_plan` of an eager product whose operands are launched as they
-    lie, or None (the general path: operand copies, the TMA kernel, or an unusual argument).
-
-    The key holds everything the plan depends on: the operands' shapes, strides, storage
-    offsets modulo 16 (the 16-byte alignment judged from them), dtypes and device, the bias's
-    stride and dtype, the epilogue (dropout's probability, whose being 0 or not compiles the
-    kernel with or without it, included), the tuning object and the TF32 setting."""
-    global _PRODUCT_PLANS, _PRODUCT_PLANS_FOR
-    dtype = a.dtype
-    tuning = TUNING
-    tf32 = dtype is torch.float32 and tf32_enabled()
-    if _PRODUCT_PLANS_FOR != (tuning, tf32):
-        _PRODUCT_PLANS, _PRODUCT_PLANS_FOR = {}, (tuning, tf32)
-    try:
-        key = (a.shape, a.stride(), a.storage_offset() & 15, b.shape, b.stride(),
-               b.storage_offset() & 15, out.shape, out.stride(), dtype, b.dtype, out.dtype,
-               a.get_device(), None if bias is None else (bias.stride(0), bias.dtype),
-               activation, slope, dropout_p)
-        plan = _PRODUCT_PLANS.get(key)
-    except (TypeError, RuntimeError):  # symbolic sizes, a tensor without strides: not planned
-        return None
-    if plan is None:
-        plan = _new_product_plan(a, b, out, bias, activation, slope, dropout_p, tuning)
-        if len(_PRODUCT_PLANS) >= 1024:  # many layouts: start over, bounded
-            _PRODUCT_PLANS.clear()
-        _PRODUCT_PLANS[key] = plan
-    return None if plan is _GENERAL else plan
-
-
-def _new_product_plan(a, b, out, bias, activation, slope, dropout_p, tuning: MatmulTuning):
-    """:func:`_kernel_plan` where launch_matmul's general path would launch a, b as they are;
-    _GENERAL where it would copy an operand or take the TMA kernel."""
-    precision = input_precision(a.dtype)
-    if precision == "tf32" and not runtime.INTERPRET:
-        if _needs_copy(a, -1) or _needs_copy(b, -2):
-            return _GENERAL
-    if tuning.align_operands and (_needs_copy(a) or _needs_copy(b)):
-        return _GENERAL
-    if _use_tma(a, b, out, precision, tuning):
-        return _GENERAL
-    return _kernel_plan(a, b, out, bias, activation, slope, dropout_p, precision, tuning)
-
-
-def _needs_copy(t: torch.Tensor, contiguous_dim: int | None = None) -> bool:
-    """Whether :func:`_aligned` would copy ``t`` (rather than return it)."""
-    dim = contiguous_dim if contiguous_dim is not None else _contiguous_dim(t)
-    if dim is None:
-        dim = -1
-    return not (_is_aligned(t) and (t.stride(dim) == 1 or t.shape[dim] == 1))
-
-
-# --------------------------------------------------------------------------------------------
-# Hopper's path: the persistent TMA kernel.
-# --------------------------------------------------------------------------------------------
-@functools.lru_cache(maxsize=None)
-def _is_hopper(index: int) -> bool:
-    return torch.cuda.get_device_capability(index)[0] == 9
-
-
-def _tma_ready(t: torch.Tensor) -> bool:
-    """Whether a TMA descriptor can describe the 2-D ``t`` as it lies: one dim of unit stride,
-    the other's stride a multiple of 16 bytes, the start 16-byte aligned."""
-    size = t.element_size()
-    if t.data_ptr() % 16 != 0:
-        return False
-    return (t.stride(1) == 1 and t.stride(0) * size % 16 == 0) or (
-        t.stride(0) == 1 and t.stride(1) * size % 16 == 0)
-
-
-def _use_tma(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, precision: str,
-             tuning: MatmulTuning) -> bool:
-    """Whether this (aligned) product goes to :func:`matmul_tma_kernel` (see
-    :attr:`MatmulTuning.tma_matmul`)."""
-    if tuning.tma_matmul is False or out.dim() != 2 or a.dim() != 2 or b.dim() != 2:
-        return False
-    if a.dtype not in (torch.float16, torch.bfloat16) or precision != "ieee":
-        return False
-    if not runtime.launching_directly():
-        return False  # torch.compile traces matmul_kernel (no descriptors to trace)
-    if tuning.tma_matmul is None:
-        if runtime.INTERPRET or a.device.type != "cuda" or not _is_hopper(a.device.index or 0):
-            return False
-        M, N = out.shape
-        if M * N * a.shape[1] < tuning.tma_min_volume:
-            return False
-        tiles = runtime.cdiv(M, tuning.tma_block_m) * runtime.cdiv(N, tuning.tma_block_n)
-        if tiles < runtime.num_sms(a.device) or a.shape[1] < 4 * tuning.tma_block_k:
-            return False
-    return _tma_ready(a) and _tma_ready(b) and out.stride(1) == 1
-
-
-def _descriptor(t: torch.Tensor, block: tuple[int, int]):
-    """A TMA descriptor of the 2-D ``t`` over its memory as it lies: dims ordered so that the
-    contiguous one is last, ``block`` given in ``t``'s (rows, cols) order."""
-    if t.stride(1) == 1:
-        return TensorDescriptor(t, list(t.shape), list(t.stride()), list(block))
-    return TensorDescriptor(t, [t.shape[1], t.shape[0]], [t.stride(1), t.stride(0)],
-                            [block[1], block[0]])  # fmt: skip
-
-
-def _launch_matmul_tma(a, b, out, *, bias=None, activation="none", slope=0.0, dropout_p=0.0,
-                       seed=None, tuning: MatmulTuning | None = None):
-    """``out = dropout(act(a @ b + bias))`` through :func:`matmul_tma_kernel` (see ``_use_tma``):
-    ``a``, ``b`` 2-D and TMA-ready, ``out`` 2-D with a unit stride."""
-    cfg = (TUNING if tuning is None else tuning).tma_config()
-    bm, bn, bk = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N"), cfg.pop("BLOCK_K")
-    M, K = a.shape
-    N = b.shape[1]
-    c_tma = out.stride(1) == 1 and _tma_ready(out)
-    sms = runtime.num_sms(a.device)
-    grid = (min(sms, runtime.cdiv(M, bm) * runtime.cdiv(N, bn)),)
-    # A plain launch, not a LaunchPlan: its arguments are TMA descriptors built around each
-    # call's tensors, which a plan's prepared launch (keyed by tensor addresses) cannot hold; it
-    # only runs for products of a wave of tiles or more, where the host's work is small beside it.
-    with runtime.device_guard(a):
-        wrap_triton(matmul_tma_kernel)[grid](
-            _descriptor(a, (bm, bk)), _descriptor(b, (bk, bn)),
-            _descriptor(out, (bm, bn)) if c_tma else None,
-            out, bias if bias is not None else out, seed if dropout_p > 0 else out,
-            M, N, K, out.stride(0), bias.stride(0) if bias is not None else 0, slope, dropout_p,
-            A_K_MAJOR=a.stride(1) == 1, B_K_MAJOR=b.stride(1) != 1,  # as _descriptor lays them
-            C_TMA=c_tma,
-            HAS_BIAS=bias is not None,
-            ACTIVATION=activation, DROPOUT=dropout_p > 0, INPUT_PRECISION="ieee",
-            DOT_IN_FP32=runtime.INTERPRET and a.dtype == torch.bfloat16,
-            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, NUM_SMS=sms, **cfg,
-        )  # fmt: skip
-    return out
-
-
 def _activation_torch(z: torch.Tensor, activation: str, slope: float) -> torch.Tensor:
     if activation == "relu":
         return torch.relu(z)
@@ -543,78 +65,9 @@ def _activation_torch(z: torch.Tensor, activation: str, slope: float) -> torch.T
 
 
 def _matmul_fake(a, b, bias, activation, slope, dropout_p=0.0, seed=None):
-    return a.new_empty(_out_shape(a, b))
+    return a.new_empty(out_shape(a, b))
 
 
-# --------------------------------------------------------------------------------------------
-# Dropout's backward: the output gradient through the mask the epilogue drew.
-# --------------------------------------------------------------------------------------------
-@runtime.plan_cache()
-def _dropout_scale_plan(rows: int, cols: int, rows_per_batch: int, src_strides: tuple,
-                        dropout_p: float, dtype: torch.dtype,
-                        tuning: MatmulTuning) -> runtime.LaunchPlan:
-    """dropout_scale_kernel's launch for one gradient layout. ``dtype`` is unused here but keys
-    the cache: a plan's prepared launches hold a kernel compiled for one dtype."""
-    block_r, block_c = tuning.dropout_block_rows, tuning.dropout_block_cols
-    grid = (runtime.cdiv(rows, block_r) * runtime.cdiv(cols, block_c),)
-    return runtime.LaunchPlan(dropout_scale_kernel, grid,
-                              scalars=(rows, cols, rows_per_batch, *src_strides, dropout_p),
-                              consts=dict(BLOCK_R=block_r, BLOCK_C=block_c,
-                                          num_warps=tuning.dropout_num_warps))
-
-
-def _dropout_scaled(src: torch.Tensor, seed: torch.Tensor, dropout_p: float) -> torch.Tensor:
-    """``src * keep / (1 - p)`` for ``src`` shaped as matmul's output, (M, N) or (B, M, N) of
-    any strides, ``keep`` the mask the epilogue draws for ``seed``; contiguous."""
-    out = src.new_empty(src.shape)
-    if out.numel() == 0:
-        return out
-    rows_per_batch, cols = src.shape[-2:]
-    src_strides = (src.stride(0) if src.dim() == 3 else 0, src.stride(-2), src.stride(-1))
-    plan = _dropout_scale_plan(out.numel() // cols, cols, rows_per_batch, src_strides,
-                               dropout_p, src.dtype, TUNING)
-    with runtime.device_guard(src):
-        plan.launch(src, out, seed)
-    return out
-
-
-def _dropout_grad_fake(grad, seed, dropout_p):
-    return torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)
-
-
-@register_op("matmul_dropout_backward", fake=_dropout_grad_fake)
-def _matmul_dropout_backward(grad: torch.Tensor, seed: torch.Tensor,
-                             dropout_p: float) -> torch.Tensor:
-    return _dropout_scaled(grad, seed, dropout_p)
-
-
-def _dropout_grad_setup_context(ctx, inputs, output):
-    _, seed, ctx.dropout_p = inputs
-    ctx.save_for_backward(seed)
-
-
-def _dropout_grad_backward(ctx, grad):
-    # Linear in its input: its own backward is the same masking (a double backward).
-    (seed,) = ctx.saved_tensors
-    return _matmul_dropout_backward(grad, seed, ctx.dropout_p), None, None
-
-
-_matmul_dropout_backward.register_autograd(_dropout_grad_backward,
-                                           setup_context=_dropout_grad_setup_context)
-
-
-def dropout_keep_mask(seed: torch.Tensor, shape: tuple, dropout_p: float) -> torch.Tensor:
-    """The mask (True = kept) that :func:`linear` with ``dropout_p`` applies for ``seed`` to an
-    output of ``shape`` (..., N), its leading dims counted as rows (see kernels.dropout_factor),
-    drawn by the backward's kernel. For tests: a reference then applies the very same mask."""
-    shape = tuple(shape)
-    ones = torch.ones((math.prod(shape[:-1]), shape[-1]), device=seed.device)
-    return (_dropout_scaled(ones, seed, dropout_p) != 0).reshape(shape)
-
-
-# --------------------------------------------------------------------------------------------
-# The registered op (inputs already validated by the public functions below).
-# --------------------------------------------------------------------------------------------
 @register_op("matmul", fake=_matmul_fake, autocast="lower_precision_fp")  # as torch.matmul
 def _matmul(
     a: torch.Tensor,
@@ -629,12 +82,12 @@ def _matmul(
         raise ValueError(f"activation must be one of {_OP_ACTIVATIONS}, got {activation!r}")
     if dropout_p > 0 and seed is None:
         raise ValueError("seed must be a tensor (one int64 on a's device) when dropout_p > 0")
-    if a.dim() == 2 and b.dim() == 2:  # the common case, without _out_shape's batch logic
+    if a.dim() == 2 and b.dim() == 2:  # the common case, without out_shape's batch logic
         M, K = a.shape
         N = b.shape[1]
         shape, batch = (M, N), 1
     else:
-        shape = _out_shape(a, b)
+        shape = out_shape(a, b)
         M, K = a.shape[-2:]
         N = b.shape[-1]
         batch = 1 if len(shape) == 2 else shape[0]
@@ -648,7 +101,7 @@ def _matmul(
             z = z + bias.to(torch.float32)
         z = _activation_torch(z, activation, slope)
         if dropout_p > 0:
-            z = _dropout_scaled(z, seed, dropout_p)
+            z = dropout_scaled(z, seed, dropout_p)
         return z.to(a.dtype)
 
     out = a.new_empty(shape)
@@ -699,7 +152,7 @@ def _matmul_backward(ctx, grad):
     a, b, bias, out, seed = ctx.saved_tensors
     if ctx.dropout_p > 0:
         # The mask is redrawn from the seed, never stored (see dropout_scale_kernel).
-        grad = _matmul_dropout_backward(grad, seed, ctx.dropout_p)
+        grad = matmul_dropout_backward(grad, seed, ctx.dropout_p)
     grad_z = _preactivation_grad(ctx, grad, a, b, bias, out)
     grad_a = grad_b = grad_bias = None
     # The op itself, not the public matmul: these operands are the forward's, already checked,
@@ -899,3 +352,60 @@ def _check_linear(x, weight, bias, activation, leaky_relu_slope,
     else:
         rows_kind = _ROWS_FLATTENED
     return op_activation, float(leaky_relu_slope), rows_kind, p
+
+
+# --------------------------------------------------------------------------------------------
+# The package's names: the family's modules' too.
+# --------------------------------------------------------------------------------------------
+#: The module switches these fields replaced, readable under their old names (for scripts that
+#: print them); setting one raises, since it would no longer change anything.
+_FORMER_SWITCHES = {
+    "TMA_MATMUL": ("tma_matmul", lambda t: t.tma_matmul),
+    "ALIGN_OPERANDS": ("align_operands", lambda t: t.align_operands),
+    "TMA_CONFIG": ("tma_block_m=..., tma_block_n=...", lambda t: t.tma_config()),
+}
+#: Names the package had before its host code was split into modules, and where each lives now.
+#: The package keeps them (tests and scripts read and replace them here).
+_MOVED = {
+    "_aligned": (operands, "aligned"),
+    "_grain": (operands, "grain"),
+    "_is_aligned": (operands, "is_aligned"),
+    "_pad_copy_plan": (operands, "pad_copy_plan"),
+    "_is_hopper": (tma, "is_hopper"),
+    "_launch_matmul_tma": (tma, "launch_matmul_tma"),
+    "_use_tma": (tma, "use_tma"),
+    "wrap_triton": (tma, "wrap_triton"),
+    "_new_product_plan": (product, "new_product_plan"),
+    "_product_plan": (product, "product_plan"),
+}
+globals().update({name: getattr(module, moved) for name, (module, moved) in _MOVED.items()})
+#: The family's modules: a name set on the package is set in each of them that holds it.
+_PARTS = (tuning, kernels, operands, tma, product, dropout)
+
+
+def __getattr__(name: str):
+    if name in _FORMER_SWITCHES:
+        return _FORMER_SWITCHES[name][1](TUNING)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class _MatmulModule(types.ModuleType):
+    """The package, whose names are its modules' too: a name set here (``TUNING``, a test's
+    monkeypatch) is set in every module of the family that holds it (under its new name, for a
+    name that moved), so it takes effect at the next call wherever it is read."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in _FORMER_SWITCHES:
+            raise AttributeError(
+                f"{name} is now a field of {__name__}.TUNING: set it with monkeypatch.setattr("
+                f"matmul, 'TUNING', dataclasses.replace(matmul.TUNING, "
+                f"{_FORMER_SWITCHES[name][0]}))")
+        super().__setattr__(name, value)
+        if name in _MOVED:
+            name = _MOVED[name][1]
+        for part in _PARTS:
+            if name in vars(part):
+                setattr(part, name, value)
+
+
+sys.modules[__name__].__class__ = _MatmulModule

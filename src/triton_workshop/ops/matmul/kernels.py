@@ -4,9 +4,9 @@
 (:func:`pad_copy_kernel`), and the backward's dropout of the output gradient
 (:func:`dropout_scale_kernel`).
 
-Readable alone: the host code (``ops/matmul/__init__.py``) only decides which kernel runs and with
-what arguments. Why the kernels look as they do (tiles, grouped ordering, no masks in the main
-loop, the fused epilogue, the numerics) is told in docs/kernels/matmul.md.
+Readable alone: the host code (the other modules of ``ops/matmul/``) only decides which kernel
+runs and with what arguments. Why the kernels look as they do (tiles, grouped ordering, no masks
+in the main loop, the fused epilogue, the numerics) is told in docs/kernels/matmul.md.
 """
 
 from __future__ import annotations
@@ -204,7 +204,7 @@ def matmul_kernel(
     """``dropout(act(A @ B + bias))``, one output tile a program (``DROPOUT``: dropout with
     probability ``dropout_p``, its Philox seed read at ``seed_ptr``).
 
-    Each ``*_GRAIN`` (from the host's ``_grain``) is the multiple of elements the kernel may round
+    Each ``*_GRAIN`` (the host's ``grain``) is the multiple of elements the kernel may round
     that operand dimension up to when it reads: the elements in 16 bytes along the contiguous dim
     of an aligned operand, where the compiler moves 16-byte vectors (the extra elements lie in the
     row's padding or its last 16-byte sector, so never across a page), 1 (exact) elsewhere."""
