@@ -5,22 +5,56 @@ interpreter (see :mod:`triton_workshop.runtime`); import it before defining any 
 kernel of your own.
 """
 
+import importlib
+
 from . import runtime  # first: sets TRITON_INTERPRET before any kernel is decorated
 from .runtime import DEVICE, INTERPRET
 from .debug import cdiv, ceiling_divide, check_tensors_gpu_ready
-from .ops.attention import attention
-from .ops.conv import conv2d
-from .ops.cross_entropy import cross_entropy, linear_cross_entropy
-from .ops.elementwise import add, fused_mul_add_sqrt
-from .ops.glu import geglu, swiglu
-from .ops.image import FILTERS, filter2d, get_filter, greyscale, sepia
-from .ops.layer_norm import layer_norm
-from .ops.layer_norm_linear import layer_norm_linear
-from .ops.matmul import linear, matmul
-from .ops.rms_norm import add_rms_norm, rms_norm
-from .ops.rope import rope
-from .ops.softmax import softmax
-from . import nn
+
+# The op families and nn are imported on first use (module __getattr__ below): together they
+# take a noticeable share of a learner's `workshop check`, which uses none of them. A family's
+# ops join torch.ops.triton_workshop when the family is imported.
+_LAZY = {
+    "attention": "ops.attention",
+    "conv2d": "ops.conv",
+    "cross_entropy": "ops.cross_entropy",
+    "linear_cross_entropy": "ops.cross_entropy",
+    "add": "ops.elementwise",
+    "fused_mul_add_sqrt": "ops.elementwise",
+    "geglu": "ops.glu",
+    "swiglu": "ops.glu",
+    "FILTERS": "ops.image",
+    "filter2d": "ops.image",
+    "get_filter": "ops.image",
+    "greyscale": "ops.image",
+    "sepia": "ops.image",
+    "layer_norm": "ops.layer_norm",
+    "layer_norm_linear": "ops.layer_norm_linear",
+    "linear": "ops.matmul",
+    "matmul": "ops.matmul",
+    "add_rms_norm": "ops.rms_norm",
+    "rms_norm": "ops.rms_norm",
+    "rope": "ops.rope",
+    "softmax": "ops.softmax",
+}
+#: Subpackages that ``import triton_workshop`` used to bring in, as attributes.
+_LAZY_MODULES = ("nn", "ops")
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    elif name in _LAZY_MODULES:
+        value = importlib.import_module(f"{__name__}.{name}")
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value  # once: later lookups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY) | set(_LAZY_MODULES))
+
 
 __version__ = "0.2.0"
 

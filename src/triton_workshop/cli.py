@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import os
 import platform
 import re
 import sys
@@ -324,6 +325,7 @@ def _cmd_tune(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    as_program = argv is None  # the console script (or python -m), not a caller in Python
     argv = sys.argv[1:] if argv is None else list(argv)
     # bench and tune parse their own options (--quick, names, --out, -k).
     if argv[:1] == ["bench"]:
@@ -331,7 +333,30 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["tune"]:
         return _cmd_tune(SimpleNamespace(rest=argv[1:]))
     args = build_parser().parse_args(argv)
-    return run_workshop_command(lambda: args.func(args))
+    code = run_workshop_command(lambda: args.func(args))
+    if as_program and args.command == "check":
+        exit_without_teardown(code)
+    return code
+
+
+def exit_without_teardown(code: int) -> None:
+    """End this process now, its output flushed, without Python's teardown.
+
+    Tearing down a process that imported torch and ran Triton's interpreter frees its millions
+    of objects one by one, which a learner would wait for after the last verdict has printed. A
+    check has nothing left to do at exit (its child processes are reaped, its files closed), so
+    the teardown is skipped. Only for the console script: a caller in Python gets main's return
+    value."""
+    if "logging" in sys.modules:  # what torch or Triton logged is written out, as at a normal exit
+        import logging
+
+        logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (`| head`) or a closed stream: nothing to keep
+            pass
+    os._exit(code)
 
 
 # ----------------------------------------------------------------------------------------------

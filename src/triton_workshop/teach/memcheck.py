@@ -34,6 +34,7 @@ import inspect
 import os
 import sys
 import threading
+from functools import partial
 from typing import Iterator
 
 import numpy as np
@@ -259,6 +260,7 @@ def _install() -> None:
         args_hst, kwargs_hst = orig["_init_args_hst"](self, args_dev, kwargs)
         run = _active()
         if run is not None:
+            run.launching = True  # the next language patch is this launch's own
             names = list(getattr(self, "arg_names", []))
             pairs = [(names[i] if i < len(names) else f"arg{i}", d, h)
                      for i, (d, h) in enumerate(zip(args_dev, args_hst))]
@@ -271,6 +273,9 @@ def _install() -> None:
                      ("create_dot", create_dot), ("cast_impl", cast_impl), ("set_grid_dim", set_grid_dim)):
         setattr(builder, name, fn)
     executor._init_args_hst = _init_args_hst
+    if callable(getattr(interp, "_patch_lang", None)) and hasattr(interp, "_LangPatchScope"):
+        orig["_patch_lang"] = interp._patch_lang
+        interp._patch_lang = partial(_patch_lang, interp, interp._patch_lang)
     _originals.update(orig)
     _originals["builder"], _originals["executor"], _originals["own"] = builder, executor, own
     # Without debug the interpreter still computes an int64 overflow check for every integer
@@ -294,8 +299,42 @@ def _uninstall() -> None:
             del builder.__dict__[name]  # the class's own method shows again
         _originals.pop(name, None)
     executor._init_args_hst = _originals.pop("_init_args_hst")
+    if "_patch_lang" in _originals:
+        interpreter_module()._patch_lang = _originals.pop("_patch_lang")
     if "options" in _originals:
         builder.options = _originals.pop("options")
+
+
+class _LaunchPatch:
+    """A launch's language patch (Triton's scope): restoring it also ends the run's record."""
+
+    def __init__(self, scope, run: "_Run | None"):
+        self.scope, self.run = scope, run
+
+    def restore(self) -> None:
+        if self.run is not None:
+            self.run.patched_langs = None
+            self.scope.restore()
+
+
+def _patch_lang(interp, patch_lang, fn):
+    """Triton's ``_patch_lang``, skipped for a ``@triton.jit`` helper called in a checked launch
+    that has patched the helper's language modules already. The interpreter patches
+    ``triton.language`` for each launch, and again on every call of a helper inside it: a scan of
+    every member of the modules, in a kernel that calls a helper in each program more time than
+    the rest of the launch. Patching patched modules changes nothing; others are patched."""
+    run = _active()
+    if run is None:
+        return patch_lang(fn)
+    langs = {id(v) for v in fn.__globals__.values() if v is interp.tl or v is interp.tl.core}
+    if run.launching:  # the launch's own patch, restored when the launch ends
+        run.launching, run.patched_langs = False, langs
+        return _LaunchPatch(patch_lang(fn), run)
+    if langs and run.patched_langs is not None and langs <= run.patched_langs:
+        return _LaunchPatch(None, None)  # nothing patched, nothing to restore
+    if run.patched_langs is not None:
+        run.patched_langs |= langs
+    return patch_lang(fn)
 
 
 def hooks_installed() -> bool:
@@ -375,6 +414,8 @@ class _Run:
         self.dims = 1  # grid axes shown in program ids: up to the last one longer than 1
         self.tensors: list[TensorArg] = []
         self.kernel = "kernel"
+        self.launching = False  # a launch began and has not patched the language yet
+        self.patched_langs: set[int] | None = None  # what the launch under way patched
 
     # launches -------------------------------------------------------------------------------
     def begin_launch(self, kernel: str, pairs) -> None:
@@ -460,7 +501,7 @@ class _Run:
             return
         program = encode_program(self.grid_idx())
         site = None
-        for i in np.unique(owner):
+        for i in np.flatnonzero(np.bincount(owner)):  # np.unique would import numpy.ma: slow
             t = self.tensors[int(i)]
             if t.lo != t.base:  # negative strides: element numbers are not offsets from lo
                 continue
