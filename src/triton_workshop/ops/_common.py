@@ -7,6 +7,8 @@ from __future__ import annotations
 import math
 import numbers
 import operator
+import sys
+import types
 from typing import Callable
 
 import torch
@@ -206,3 +208,30 @@ def dropout_seed(device: torch.device) -> torch.Tensor:
     int64 on the device: the kernels read it there (no host sync, traceable). Shared by every
     kernel with dropout (attention, linear's epilogue)."""
     return torch.randint(0, 2**62, (1,), dtype=torch.int64, device=device)
+
+
+class FamilyPackage(types.ModuleType):
+    """A family package whose names are its modules' too: a name set on the package (its
+    ``TUNING``, a test's monkeypatch) is set in each of the family's modules that holds it (under
+    its new name, for a name the package keeps from before a split), so it takes effect at the
+    next call wherever it is read. :func:`join_family` makes a package one."""
+
+    family_parts: tuple = ()
+    family_renamed: dict = {}
+
+    def __setattr__(self, name: str, value) -> None:
+        super().__setattr__(name, value)
+        name = self.family_renamed.get(name, name)
+        for part in self.family_parts:
+            if name in vars(part):
+                setattr(part, name, value)
+
+
+def join_family(package: str, parts: tuple, renamed: dict | None = None,
+                base: type = FamilyPackage) -> None:
+    """Make the module named ``package`` a :class:`FamilyPackage` (or ``base``, a subclass of
+    it) over its modules ``parts``; ``renamed`` maps a name the package keeps to the name its
+    module now uses."""
+    family = type(f"{package.rpartition('.')[2]}_family", (base,),
+                  {"family_parts": tuple(parts), "family_renamed": dict(renamed or {})})
+    sys.modules[package].__class__ = family

@@ -19,14 +19,12 @@ registered ops and autograd), :mod:`.linear` (linear_cross_entropy's), :mod:`.ch
 
 from __future__ import annotations
 
-import sys
-import types
 
 import torch
 
 from ... import runtime
 from ...runtime import FLOAT_DTYPES
-from .._common import UNKEYABLE, SignatureCache
+from .._common import UNKEYABLE, SignatureCache, join_family
 from . import checks, linear, loss, plans, tuning
 from .checks import check_dense_tensor, check_linear_args, check_loss_args, loss_key
 from .kernels import cross_entropy_bwd_kernel, cross_entropy_fwd_kernel  # noqa: F401
@@ -214,17 +212,4 @@ def _check_linear_cross_entropy(input, weight, target, bias, ignore_index, reduc
 
 #: The family's modules: a name set on the package (``TUNING``, a test's monkeypatch) is set in
 #: each of them that holds it, so that it takes effect at the next call wherever it is read.
-_PARTS = (tuning, plans, loss, linear, checks)
-
-
-class _CrossEntropyModule(types.ModuleType):
-    """The package, whose names are its modules' too (see :data:`_PARTS`)."""
-
-    def __setattr__(self, name: str, value) -> None:
-        super().__setattr__(name, value)
-        for part in _PARTS:
-            if name in vars(part):
-                setattr(part, name, value)
-
-
-sys.modules[__name__].__class__ = _CrossEntropyModule
+join_family(__name__, (tuning, plans, loss, linear, checks))

@@ -12,15 +12,13 @@ TF32, the backward, dropout) is told in docs/kernels/matmul.md.
 from __future__ import annotations
 
 import numbers
-import sys
-import types
 from typing import Optional
 
 import torch
 
 from ... import runtime
 from ...runtime import FLOAT_DTYPES, register_op
-from .._common import dropout_seed
+from .._common import FamilyPackage, dropout_seed, join_family
 from . import dropout, kernels, operands, product, tma, tuning
 from .dropout import dropout_keep_mask as dropout_keep_mask
 from .dropout import dropout_scaled, matmul_dropout_backward
@@ -379,8 +377,6 @@ _MOVED = {
     "_product_plan": (product, "product_plan"),
 }
 globals().update({name: getattr(module, moved) for name, (module, moved) in _MOVED.items()})
-#: The family's modules: a name set on the package is set in each of them that holds it.
-_PARTS = (tuning, kernels, operands, tma, product, dropout)
 
 
 def __getattr__(name: str):
@@ -389,10 +385,8 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-class _MatmulModule(types.ModuleType):
-    """The package, whose names are its modules' too: a name set here (``TUNING``, a test's
-    monkeypatch) is set in every module of the family that holds it (under its new name, for a
-    name that moved), so it takes effect at the next call wherever it is read."""
+class _MatmulPackage(FamilyPackage):
+    """The family package (:class:`.._common.FamilyPackage`) that refuses its former switches."""
 
     def __setattr__(self, name: str, value) -> None:
         if name in _FORMER_SWITCHES:
@@ -401,11 +395,8 @@ class _MatmulModule(types.ModuleType):
                 f"matmul, 'TUNING', dataclasses.replace(matmul.TUNING, "
                 f"{_FORMER_SWITCHES[name][0]}))")
         super().__setattr__(name, value)
-        if name in _MOVED:
-            name = _MOVED[name][1]
-        for part in _PARTS:
-            if name in vars(part):
-                setattr(part, name, value)
 
 
-sys.modules[__name__].__class__ = _MatmulModule
+#: The family's modules: a name set on the package is set in each of them that holds it.
+join_family(__name__, (tuning, kernels, operands, tma, product, dropout),
+            {name: moved for name, (_, moved) in _MOVED.items()}, base=_MatmulPackage)
