@@ -38,9 +38,13 @@ def pytest_runtest_logreport(report):
 @pytest.fixture(autouse=True)
 def _release_big_gpu_memory(request):
     yield
-    if request.node.get_closest_marker("big_memory") is not None and torch.cuda.is_available():
+    # The caching allocator keeps what a test freed for its worker: after a test that took GiBs
+    # (a big_memory one, or a loss at a 128k vocabulary), the 14 or more workers sharing a GPU
+    # would each hold their largest test's memory until the GPU ran out for all of them.
+    if torch.cuda.is_initialized() and (request.node.get_closest_marker("big_memory") is not None
+                                        or torch.cuda.memory_reserved() > (1 << 30)):
         gc.collect()
-        torch.cuda.empty_cache()  # the caching allocator would keep the GiBs for this worker
+        torch.cuda.empty_cache()
 
 
 NAN = float("nan")

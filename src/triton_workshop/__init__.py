@@ -6,15 +6,33 @@ kernel of your own.
 """
 
 import importlib
+import os
+import sys
 
-from . import runtime  # first: sets TRITON_INTERPRET before any kernel is decorated
-from .runtime import DEVICE, INTERPRET
-from .debug import cdiv, ceiling_divide, check_tensors_gpu_ready
+
+def _is_workshop_check() -> bool:
+    """Whether this process is the ``workshop check`` console script. That one imports the
+    runtime itself, once it has started its child processes (:mod:`.teach.early_start`): each
+    child imports torch anyway, and the checking process's own import then overlaps theirs. It
+    runs no kernel of its own, so nothing is decorated before the mode is decided."""
+    argv = getattr(sys, "argv", None) or [""]
+    return os.path.basename(argv[0]) in ("workshop", "triton-workshop") and argv[1:2] == ["check"]
+
+
+if not _is_workshop_check():
+    from . import runtime  # first: sets TRITON_INTERPRET before any kernel is decorated
+    from .runtime import DEVICE, INTERPRET
+    from .debug import cdiv, ceiling_divide, check_tensors_gpu_ready
 
 # The op families and nn are imported on first use (module __getattr__ below): together they
 # take a noticeable share of a learner's `workshop check`, which uses none of them. A family's
 # ops join torch.ops.triton_workshop when the family is imported.
 _LAZY = {
+    "DEVICE": "runtime",
+    "INTERPRET": "runtime",
+    "cdiv": "debug",
+    "ceiling_divide": "debug",
+    "check_tensors_gpu_ready": "debug",
     "attention": "ops.attention",
     "conv2d": "ops.conv",
     "cross_entropy": "ops.cross_entropy",
@@ -38,7 +56,7 @@ _LAZY = {
     "softmax": "ops.softmax",
 }
 #: Subpackages that ``import triton_workshop`` used to bring in, as attributes.
-_LAZY_MODULES = ("nn", "ops")
+_LAZY_MODULES = ("nn", "ops", "runtime", "debug")
 
 
 def __getattr__(name: str):

@@ -170,8 +170,25 @@ def setup_check_main() -> int:
 # workshop ...
 # ----------------------------------------------------------------------------------------------
 def _cmd_check(args) -> int:
+    from .teach import early_start
+    from .teach.learner_file import find_exercise_file
+
+    # On a GPU machine the children start now, before this process imports torch (see
+    # teach.early_start); the check adopts them.
+    path = args.file if args.file is not None else find_exercise_file(args.number, args.solution)
+    if path is not None:
+        seed = early_start.start_children(args.number, path, seed=args.seed, time_limit=args.time_limit)
+        args.seed = args.seed if seed is None else seed
+    try:
+        return _check(args)
+    finally:
+        early_start.discard()
+
+
+def _check(args) -> int:
     from rich.console import Console
 
+    from . import runtime  # noqa: F401  (decides interpreter or GPU before anything else is imported)
     from .teach import EXERCISES, check_exercise
 
     console = Console()

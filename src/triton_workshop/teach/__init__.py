@@ -15,17 +15,45 @@ A ``workshop check N`` reads top to bottom: face -> session -> sandbox (child) -
 -> diagnose -> report.
 """
 
-from .exercises import EXERCISES
-from .learner_file import load_module
-from .loop import iter_check
-from .session import check_exercise, check_module, exercise_path, run_exercise
+import importlib
 
-# More names this face has offered, from the rooms that define them.
-from .learner_file import REPO_ROOT  # noqa: E402,F401
-from .loop import missing_function_verdict  # noqa: E402,F401
-from .report import print_case, print_header, print_report, print_summary  # noqa: E402,F401
-from .session import compiled_natively  # noqa: E402,F401
-from .verdict import TaskReport, case_tolerance  # noqa: E402,F401
+# The workshop extra: every room prints through rich, so without it any teach command fails here,
+# on import, where `workshop` turns the ImportError into one sentence naming the extra.
+import rich  # noqa: F401
+
+# Imported on first use (module __getattr__ below): `workshop check` imports this package
+# before torch, to start its child processes first (:mod:`.early_start`).
+_NAMES = {
+    "EXERCISES": "exercises",
+    "load_module": "learner_file",
+    "REPO_ROOT": "learner_file",
+    "iter_check": "loop",
+    "missing_function_verdict": "loop",
+    "check_exercise": "session",
+    "check_module": "session",
+    "compiled_natively": "session",
+    "exercise_path": "session",
+    "run_exercise": "session",
+    "print_case": "report",
+    "print_header": "report",
+    "print_report": "report",
+    "print_summary": "report",
+    "TaskReport": "verdict",
+    "case_tolerance": "verdict",
+}
+
+
+def __getattr__(name: str):
+    if name not in _NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_NAMES[name]}"), name)
+    globals()[name] = value  # once: later lookups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_NAMES))
+
 
 __all__ = ["EXERCISES", "check_exercise", "check_module", "exercise_path", "iter_check", "load_module",
            "run_exercise"]

@@ -23,6 +23,7 @@ from typing import Callable, Sequence
 import torch
 
 from .. import runtime
+from .early_start import CASE_TIME_LIMIT
 from .diagnose import diagnose, match_suspects, memory_findings
 from .errors import INTERPRETER_ONLY_HELPERS, interpreter_only_verdict, verdict_for_exception
 from .learner_file import reduces, unfinished_todos, uses_dot, uses_exp
@@ -38,7 +39,6 @@ __all__ = ["CASE_TIME_LIMIT", "GUARD", "INTERPRETER_ONLY_HELPERS", "CaseResult",
            "hang_verdict", "interpreter_only_verdict", "match_suspects", "memory_findings",
            "poisoned_allocations", "run_case", "time_limit", "tolerance_for", "unfinished_todos"]
 
-CASE_TIME_LIMIT = 60.0  # seconds one case may run before it counts as hanging
 
 
 class CaseTimeout(Exception):

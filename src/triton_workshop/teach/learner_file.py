@@ -10,9 +10,21 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-__all__ = ["REPO_ROOT", "load_module", "reduces", "unfinished_todos", "uses_dot"]
+__all__ = ["REPO_ROOT", "find_exercise_file", "load_module", "reduces", "unfinished_todos", "uses_dot"]
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
+
+
+def find_exercise_file(number: int, solution: bool = False) -> Path | None:
+    """``exercises/exercise_N.py`` (or ``solutions/solution_N.py``): looked up in the current
+    directory first, so a learner's own clone wins, then beside the installed package; None
+    when neither has it."""
+    rel = Path("solutions" if solution else "exercises") / (
+        f"{'solution' if solution else 'exercise'}_{number}.py")
+    for root in (Path.cwd(), REPO_ROOT):
+        if (root / rel).is_file():
+            return root / rel
+    return None
 
 
 def load_module(path: str | Path, name: str | None = None) -> ModuleType:

@@ -36,8 +36,10 @@ from functools import partial
 from pathlib import Path
 
 from .. import runtime
+from . import early_start
 from .checker import CaseTimeout, hang_verdict, time_limit
 from .errors import INTERPRETER_ONLY_HELPERS, import_failure, import_hang
+from .early_start import child_argv, child_env
 from .exercises import EXERCISES
 from .learner_file import load_module
 from .loop import iter_check
@@ -184,20 +186,25 @@ class ChildRun(threading.Thread):
     def _one_child(self) -> bool:
         """Run one child to its end; True when nothing is left to do."""
         read_fd, write_fd = os.pipe()
-        stderr = tempfile.TemporaryFile()
-        argv = ["--exercise", str(self.number), "--file", str(self.path), "--seed", str(self.seed),
-                "--fd", str(write_fd), "--skip", json.dumps(self.done), "--memcheck", self.memcheck,
-                "--time-limit", str(self.time_limit), *self.extra_args]
-        try:
-            if forks_children():
-                self.proc = ForkedChild(argv, (write_fd, *self.keep_fds), stderr, self.env)
-            else:
-                self.proc = subprocess.Popen([sys.executable, "-m", "triton_workshop.teach.sandbox", *argv],
-                                             env=self.env, pass_fds=(write_fd, *self.keep_fds),
-                                             stdin=subprocess.DEVNULL,
-                                             stdout=subprocess.PIPE, stderr=stderr)
-        finally:
+        argv = child_argv(self.number, self.path, self.seed, write_fd, done=self.done,
+                          memcheck=self.memcheck, time_limit=self.time_limit, extra_args=self.extra_args)
+        early = None if forks_children() or self.keep_fds else early_start.adopt(self.role, argv, self.env)
+        if early is not None:  # started before this process imported torch: the same command
             os.close(write_fd)
+            os.close(read_fd)
+            self.proc, read_fd, stderr = early.proc, early.read_fd, early.stderr
+        else:
+            stderr = tempfile.TemporaryFile()
+            try:
+                if forks_children():
+                    self.proc = ForkedChild(argv, (write_fd, *self.keep_fds), stderr, self.env)
+                else:
+                    self.proc = subprocess.Popen([sys.executable, "-m", early_start.CHILD_MODULE, *argv],
+                                                 env=self.env, pass_fds=(write_fd, *self.keep_fds),
+                                                 stdin=subprocess.DEVNULL,
+                                                 stdout=subprocess.PIPE, stderr=stderr)
+            finally:
+                os.close(write_fd)
         relay = threading.Thread(target=_relay, args=(self.proc.stdout, self.out), daemon=True)
         relay.start()
         current, started, finished, buffer = None, time.monotonic(), False, b""
@@ -363,17 +370,6 @@ def _relay(stream, out) -> None:
             out.flush()
         except ValueError:  # that stream was closed meanwhile (a test's capture): drop the rest
             out = None
-
-
-def child_env(interpret: bool) -> dict:
-    """A child's environment: quiet, unbuffered, this package first on the path, and Triton's
-    interpreter when ``interpret``."""
-    env = dict(os.environ, TRITON_WORKSHOP_QUIET="1", PYTHONUNBUFFERED="1")
-    src = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    if interpret:
-        env["TRITON_INTERPRET"] = "1"
-    return env
 
 
 WRITE_MAP_FINDINGS = ("the grid launches", "stores landed", "programs stored outside",

@@ -23,7 +23,7 @@ from .. import runtime
 from .checker import CASE_TIME_LIMIT
 from .errors import import_failure
 from .exercises import EXERCISES, Exercise
-from .learner_file import REPO_ROOT, load_module
+from .learner_file import REPO_ROOT, find_exercise_file, load_module
 from .loop import iter_check
 from .report import CasePrinter, print_header, print_import_failure
 from .verdict import CaseResult, TaskReport
@@ -37,11 +37,11 @@ def exercise_path(number: int, solution: bool = False) -> Path:
     directory first, so a learner's own clone wins, then beside the installed package."""
     if number not in EXERCISES:
         raise ValueError(f"exercise must be one of {sorted(EXERCISES)}, got {number}")
+    found = find_exercise_file(number, solution)
+    if found is not None:
+        return found
     rel = Path("solutions" if solution else "exercises") / (
         f"{'solution' if solution else 'exercise'}_{number}.py")
-    for root in (Path.cwd(), REPO_ROOT):
-        if (root / rel).is_file():
-            return root / rel
     raise FileNotFoundError(
         f"{rel} not found in {Path.cwd()} or {REPO_ROOT}: run this from your clone of "
         "triton-workshop"
