@@ -1,9 +1,11 @@
 """cross_entropy and linear_cross_entropy against F.cross_entropy computed in float64: values and
 gradients (input, weight, bias), every reduction, ignore_index, label smoothing, dtypes, strides.
 
-The kernels stream a row of logits ``chunk_cols`` at a time and linear_cross_entropy takes the
-tokens ``chunk_rows`` at a time; the ``path`` fixture replaces the module's ``TUNING`` so that
-small shapes cross many column chunks and several token chunks (ragged last ones) on the CPU.
+The kernels stream a row of logits ``chunk_cols`` at a time and linear_cross_entropy cuts the
+logits into chunks of tokens, each in blocks of the vocabulary where whole rows would leave too
+few tokens a chunk (``chunk_plan``); the ``path`` and ``linear_path`` fixtures replace the
+module's ``TUNING`` so that small shapes cross many column chunks, several token chunks and
+several vocabulary blocks (ragged last ones) on the CPU.
 """
 
 from __future__ import annotations
@@ -16,7 +18,14 @@ import torch.nn.functional as F
 
 import triton_workshop  # noqa: F401  (decides interpreter-or-GPU before the kernels import)
 from triton_workshop.ops import cross_entropy as ce_ops
-from triton_workshop.ops.cross_entropy import chunk_rows, cross_entropy, linear_cross_entropy
+from triton_workshop.ops.cross_entropy import (
+    ChunkPlan,
+    chunk_plan,
+    chunk_rows,
+    cross_entropy,
+    estimated_peak_bytes,
+    linear_cross_entropy,
+)
 from triton_workshop.runtime import DEVICE, INTERPRET
 
 #: (rtol, atol relative to the largest |reference| value) by the dtype of the result.
@@ -33,11 +42,27 @@ gpu_only = pytest.mark.skipif(INTERPRET, reason="needs a CUDA device")
 
 @pytest.fixture(params=["one_chunk", "chunked"])
 def path(request, monkeypatch):
-    """"chunked": rows streamed 64 columns a step (1000 columns take 16 steps, the last ragged)
-    and linear_cross_entropy's chunks of logits cut to 4 tokens of up to 64 classes of fp32."""
+    """cross_entropy's. "chunked": rows streamed 64 columns a step (1000 columns take 16 steps,
+    the last ragged). linear_cross_entropy's are :func:`linear_path`'s."""
     if request.param == "chunked":
+        monkeypatch.setattr(ce_ops, "TUNING", dataclasses.replace(ce_ops.TUNING, chunk_cols=64))
+    return request.param
+
+
+@pytest.fixture(params=["one_chunk", "token_chunks", "vocab_blocks"])
+def linear_path(request, monkeypatch):
+    """linear_cross_entropy's ways through the logits. "token_chunks": chunks of whole rows, 4
+    tokens of up to 64 classes of fp32 (rows streamed 64 columns a step). "vocab_blocks": chunks
+    of at most 4 tokens, each cut into vocabulary blocks of at most 96 bytes a row (24 fp32
+    classes, 48 fp16/bf16), rows streamed 16 columns a step: a block of 17 or 24 columns takes a
+    ragged second step, the last block of a row and the last chunk of tokens are ragged."""
+    if request.param == "token_chunks":
         monkeypatch.setattr(ce_ops, "TUNING", dataclasses.replace(
-            ce_ops.TUNING, chunk_cols=64, logits_chunk_bytes=4 * 64 * 4))
+            ce_ops.TUNING, chunk_cols=64, logits_chunk_bytes=4 * 64 * 4, min_chunk_rows=1))
+    elif request.param == "vocab_blocks":
+        monkeypatch.setattr(ce_ops, "TUNING", dataclasses.replace(
+            ce_ops.TUNING, chunk_cols=16, logits_chunk_bytes=4 * 96, max_chunk_rows=4,
+            min_chunk_rows=4))
     return request.param
 
 
@@ -436,14 +461,17 @@ def _linear_check(x, w, target, b=None, *, dy_seed=7, grad_scale=4.0, ref_dtype=
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("vocab", [1, 7, 64, 1000])
-def test_linear_values_and_grads(path, vocab, dtype):
-    # 11 tokens: with the chunked path's 4-token chunks (fp32, vocab 64) the last is ragged.
+def test_linear_values_and_grads(linear_path, vocab, dtype):
+    # 11 tokens: with the chunked paths' 4-token chunks the last is ragged; "vocab_blocks" cuts
+    # 64 classes of fp32 in 3 blocks of 22 (the last of 20), of fp16/bf16 in 2 of 32.
+    if linear_path == "vocab_blocks" and vocab == 1000:
+        pytest.skip("42 interpreted blocks a chunk; 64 classes already cross blocks")
     x, w, b = _linear_inputs(11, 16, vocab, dtype)
     _linear_check(x, w, _targets(11, vocab, ignored=[3]), b)
 
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
-def test_linear_reductions_and_smoothing(path, reduction):
+def test_linear_reductions_and_smoothing(linear_path, reduction):
     x, w, b = _linear_inputs(10, 12, 50, torch.float32)
     target = _targets(10, 50, ignored=[0, 9])
     _, (dx, dw, db) = _linear_check(x, w, target, b, reduction=reduction, label_smoothing=0.15)
@@ -451,16 +479,108 @@ def test_linear_reductions_and_smoothing(path, reduction):
 
 
 def test_linear_chunks_cover_every_token(monkeypatch):
-    """Chunks of 1, 2, 4 and 8 tokens over 13 tokens (one ragged chunk each) give the same
-    result as one chunk, whatever the reduction."""
+    """Chunks of whole rows, 1, 2, 4 and 8 tokens over 13 tokens (one ragged chunk each), give
+    the same result as one chunk, whatever the reduction."""
     x, w, b = _linear_inputs(13, 8, 30, torch.float32)
     for reduction in REDUCTIONS:
         target = _targets(13, 30, ignored=[12])
         for rows in (1, 2, 4, 8):
             monkeypatch.setattr(ce_ops, "TUNING", dataclasses.replace(
-                ce_ops.TUNING, logits_chunk_bytes=rows * 30 * 4 + 3))
+                ce_ops.TUNING, logits_chunk_bytes=rows * 30 * 4 + 3, min_chunk_rows=1))
             assert chunk_rows(30, 4) == rows
+            assert chunk_plan(13, 30, 4) == ChunkPlan(rows, 30, 1, rows * 30 * 4)
             _linear_check(x, w, target, b, reduction=reduction)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_linear_vocab_blocks_cover_every_class(monkeypatch, reduction, dtype):
+    """13 tokens in chunks of 3, 4 or 8 (a ragged last chunk), each cut into vocabulary blocks
+    of 30 classes (5 of 6, 4 of 8 with a ragged last, 2 of 15), with ignored rows, label
+    smoothing and a bias: values and gradients against float64 in every dtype, whatever the
+    reduction. The plan is what :func:`chunk_plan` promises: ``rows x cols`` within the budget,
+    as few blocks as that allows, covering the vocabulary with a last one that is not empty."""
+    x, w, b = _linear_inputs(13, 8, 30, dtype, seed=3)
+    target = _targets(13, 30, ignored=[0, 6, 12])
+    size = dtype.itemsize
+    for rows, cols in ((4, 7), (8, 8), (3, 16)):
+        budget = rows * cols * size
+        monkeypatch.setattr(ce_ops, "TUNING", dataclasses.replace(
+            ce_ops.TUNING, chunk_cols=16, logits_chunk_bytes=budget, max_chunk_rows=rows,
+            min_chunk_rows=rows))
+        plan = chunk_plan(13, 30, size)
+        assert plan.rows == rows and plan.rows * plan.cols * size <= budget
+        assert plan.blocks == -(-30 // plan.cols) and (plan.blocks - 1) * plan.cols < 30
+        # As few blocks as the budget allows, evened out.
+        assert plan.blocks == -(-30 // min(30, budget // size // plan.rows))
+        _linear_check(x, w, target, b, reduction=reduction, label_smoothing=0.1)
+
+
+def test_linear_vocab_blocks_launches(monkeypatch, launches):
+    """A chunk in blocks: the loss pass launches one kernel a block, first to last (the first
+    writes each row's running logsumexp, the others merge into it, the last finishes the loss
+    and, for a gradient, turns its own logits into it); the gradient pass recomputes every
+    block but that last one. reduction="none" recomputes every block in its backward, scaled by
+    the incoming gradient of each row; no gradient wanted, no gradient pass."""
+    monkeypatch.setattr(ce_ops, "TUNING", dataclasses.replace(
+        ce_ops.TUNING, logits_chunk_bytes=4 * 10 * 4, max_chunk_rows=4, min_chunk_rows=4))
+    x, w, b = _linear_inputs(10, 8, 30, torch.float32)
+    target = _targets(10, 30, ignored=[1])
+    assert chunk_plan(10, 30, 4) == ChunkPlan(4, 10, 3, 4 * 10 * 4)  # 3 chunks (4, 4, 2 rows)
+
+    def forward_flags():
+        return [(c["FIRST"], c["LAST"], c["COMPUTE_GRAD"], c["MEAN"]) for name, c in launches
+                if name == "linear_ce_block_fwd_kernel"]
+
+    def grads():
+        return [c["SCALE_BY"] for name, c in launches if name == "linear_ce_block_grad_kernel"]
+
+    _linear_check(x, w, target, b)
+    assert forward_flags() == [(True, False, False, False), (False, False, False, False),
+                               (False, True, True, True)] * 3
+    assert grads() == [1] * 2 * 3  # two recomputed blocks a chunk, scaled by 1 / count
+    launches.clear()
+    _linear_check(x, w, target, b, reduction="sum")
+    assert grads() == [0] * 2 * 3
+    launches.clear()
+    _linear_check(x, w, target, b, reduction="none")
+    assert forward_flags() == [(True, False, False, False), (False, False, False, False),
+                               (False, True, False, False)] * 3
+    assert grads() == [2] * 3 * 3
+    launches.clear()
+    with torch.no_grad():
+        linear_cross_entropy(x, w, target, b)
+    assert [name for name, _ in launches] == ["linear_ce_block_fwd_kernel"] * 3 * 3
+
+
+#: The size the fused op is measured at (docs/kernels/cross_entropy.md): 8192 tokens, hidden
+#: 2048, Llama 3's vocabulary, bf16; Liger-Kernel's peak there, above the inputs, on an H100.
+HEADLINE = dict(n_tokens=8192, hidden=2048, n_vocab=128256)
+LIGER_PEAK_MIB = 597
+
+
+def test_linear_plan_at_the_headline_size():
+    """The default plan at 8192 x 2048 x 128256: 512 tokens a chunk, the vocabulary in 2 blocks
+    of 64128 classes: 62.6 MiB of bf16 logits, as much as Liger-Kernel's chunk of 256 whole
+    rows. With grad_weight (501 MiB) and grad_input (32 MiB) the estimated peak is 595.7 MiB,
+    within Liger-Kernel's measured 597. fp32 inputs take chunks of fp32 logits in 4 blocks
+    within the same bytes."""
+    n, hidden, vocab = HEADLINE.values()
+    plan = chunk_plan(n, vocab, 2)
+    assert plan == ChunkPlan(rows=512, cols=64128, blocks=2, chunk_bytes=512 * 64128 * 2)
+    assert plan.rows >= 256 and plan.chunk_bytes <= 256 * vocab * 2
+    assert chunk_rows(vocab, 2) == 512
+    peak = estimated_peak_bytes(n, hidden, vocab, torch.bfloat16)
+    assert peak == (vocab + n) * hidden * 2 + plan.chunk_bytes + 2 * n * 4
+    assert peak / 2**20 <= LIGER_PEAK_MIB
+    assert estimated_peak_bytes(n, hidden, vocab, torch.bfloat16, bias=True) == \
+        peak + (vocab + plan.cols) * 4
+    assert chunk_plan(n, vocab, 4) == ChunkPlan(512, 32064, 4, 512 * 32064 * 4)
+    # A few tokens fit whole rows in one chunk; a few hundred take one chunk in blocks.
+    assert chunk_plan(200, vocab, 2) == ChunkPlan(200, vocab, 1, 200 * vocab * 2)
+    assert chunk_plan(300, vocab, 2) == ChunkPlan(300, 64128, 2, 300 * 64128 * 2)
+    # Small vocabularies keep whole rows: GPT-2's 50257 at 512 tokens a chunk.
+    assert chunk_plan(n, 50257, 2) == ChunkPlan(512, 50257, 1, 512 * 50257 * 2)
 
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
@@ -485,7 +605,7 @@ def test_linear_no_tokens(reduction):
 
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
-def test_linear_batched_input(path, reduction):
+def test_linear_batched_input(linear_path, reduction):
     """(B, T, H) input and (B, T) target: the tokens flattened; "none" keeps target's shape."""
     x, w, b = _linear_inputs(2 * 5, 12, 40, torch.float32)
     x = x.detach().view(2, 5, 12).requires_grad_()
@@ -495,7 +615,7 @@ def test_linear_batched_input(path, reduction):
         assert loss.shape == (2, 5)
 
 
-def test_linear_strided_operands(path, in_nan_storage):
+def test_linear_strided_operands(linear_path, in_nan_storage):
     values = _randn(9, 24)
     x = in_nan_storage(values, transpose=True).requires_grad_()
     w = in_nan_storage(_randn(33, 24, seed=3, scale=0.2)).requires_grad_()
@@ -505,7 +625,7 @@ def test_linear_strided_operands(path, in_nan_storage):
 
 
 @pytest.mark.parametrize("need", ["input", "weight", "bias", "no_bias"])
-def test_linear_partial_grads(path, need):
+def test_linear_partial_grads(linear_path, need):
     x, w, b = _linear_inputs(7, 10, 30, torch.float32, bias=need != "no_bias")
     for name, t in (("input", x), ("weight", w), ("bias", b)):
         if t is not None and need not in (name, "no_bias"):
@@ -605,7 +725,7 @@ def test_linear_create_graph_then_double_backward_raises():
         grads[0].square().sum().backward()
 
 
-def test_linear_torch_compile(path):
+def test_linear_torch_compile(linear_path):
     def f(x, w, b, target):
         return linear_cross_entropy(x, w, target, b, label_smoothing=0.1) + \
             linear_cross_entropy(x, w, target, reduction="none").square().sum()
@@ -709,16 +829,24 @@ def test_cross_entropy_memory_is_one_gradient(collected_launches, dtype, reducti
 
 
 @cpu_only
+@pytest.mark.parametrize("cut", ["whole_rows", "vocab_blocks"])
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_linear_memory_is_the_gradients_and_one_chunk(collected_launches, monkeypatch,
-                                                     reduction):
+                                                     reduction, cut):
     """Forward + backward hold grad_weight, grad_input, grad_bias and one chunk of logits (a
     handful of V-sized vectors besides): the backward scales the forward's gradients in place
-    (a scaled copy would hold grad_weight twice) and a chunk's logits are freed before the
-    next chunk's are made (three chunks here)."""
+    (a scaled copy would hold grad_weight twice), a chunk's logits are their gradient (no second
+    buffer), and a chunk's or a block's logits are freed before the next are made: three chunks
+    of 16 whole rows, or one chunk of 48 rows in 2 blocks of 512 classes (the second block
+    made while the first is freed, the first made again once the second is). For a mean that
+    is what :func:`estimated_peak_bytes` counts."""
     n, hidden, vocab, rows = 48, 64, 1024, 16
     monkeypatch.setattr(ce_ops, "TUNING", dataclasses.replace(
-        ce_ops.TUNING, logits_chunk_bytes=rows * vocab * 4))
+        ce_ops.TUNING, logits_chunk_bytes=rows * vocab * 4 if cut == "whole_rows" else
+        n * 512 * 4, min_chunk_rows=1 if cut == "whole_rows" else 64))
+    plan = chunk_plan(n, vocab, 4)
+    assert plan == (ChunkPlan(rows, vocab, 1, rows * vocab * 4) if cut == "whole_rows" else
+                    ChunkPlan(n, 512, 2, n * 512 * 4))
     x, w, b = _linear_inputs(n, hidden, vocab, torch.float32)
     target = _targets(n, vocab, ignored=[7])
     linear_cross_entropy(x, w, target, b, reduction=reduction)
@@ -729,11 +857,13 @@ def test_linear_memory_is_the_gradients_and_one_chunk(collected_launches, monkey
         return torch.autograd.grad(loss, (x, w, b), dy)
 
     gradients = (w.numel() + x.numel() + b.numel()) * 4
-    chunk = rows * vocab * 4
-    budget = gradients + chunk + 3 * vocab * 4 + 8 * 1024
+    budget = gradients + plan.chunk_bytes + 3 * vocab * 4 + 8 * 1024
     peak = _peak_bytes(step)
     assert peak <= budget, (peak, budget)
-    assert peak >= gradients + chunk  # what is counted is what is there
+    assert peak >= gradients + plan.chunk_bytes  # what is counted is what is there
+    if reduction == "mean":
+        estimate = estimated_peak_bytes(n, hidden, vocab, torch.float32, bias=True)
+        assert estimate - 1024 <= peak <= estimate + 1024, (peak, estimate)
 
 # --------------------------------------------------------------------------------------------
 # Bad input: TypeError / ValueError naming the argument, before anything launches.
@@ -887,7 +1017,7 @@ def test_cross_entropy_peak_memory():
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_linear_peak_memory_is_not_tokens_times_vocabulary(reduction):
     """8192 tokens x 128256 classes would be 4 GiB of fp32 logits; the fused op takes one chunk
-    of them (256 MiB) and the gradient buffers."""
+    of them (1024 tokens x 32064 classes: 62.6 MiB) and the gradient buffers."""
     n, hidden = 8192, 1024
     x = torch.randn(n, hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     w = (torch.randn(VOCAB, hidden, device="cuda", dtype=torch.bfloat16) * 0.03).requires_grad_()
@@ -900,7 +1030,7 @@ def test_linear_peak_memory_is_not_tokens_times_vocabulary(reduction):
     torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated() - base
     logits_fp32 = n * VOCAB * 4
-    chunk = ce_ops.chunk_rows(VOCAB, 2) * VOCAB * 2
+    chunk = chunk_plan(n, VOCAB, 2).chunk_bytes
     # dx and dw (scaled in place by the backward), one chunk of logits, and 64 MiB of change
     # (the loss's small vectors, cuBLAS's workspace: the caching allocator counts it; an H100
     # measured 16 MiB over the buffers alone): well under a quarter of the fp32 logits.

@@ -742,6 +742,26 @@ def test_without_a_disk_cache_the_candidates_compile_when_pruned(sm90):
     assert counts == [2, 2]
 
 
+def test_compile_in_parallel_compiles_each_call_once_without_launching(sm90):
+    from triton_workshop.runtime.parallel_compile import compile_in_parallel
+
+    jit = sm90.jit(_axpy)
+    x, y, out = _tensors(100)
+    calls = [((x, y, out, 100), {"grid": (1,), "BLOCK": b}) for b in (32, 64, 48)]
+    launched = len(sm90.launches)
+    assert compile_in_parallel(jit, calls) == 3
+    blocks = {k for cache in jit.device_caches.values() for k in cache[0]}
+    assert len(blocks) == 2  # BLOCK = 48 fails to compile, quietly: its launch will say why
+    assert len(sm90.launches) == launched  # compiled, nothing launched
+    assert compile_in_parallel(jit, calls[:1]) == 0  # one call: nothing to gain
+
+
+def test_compile_in_parallel_leaves_an_interpreted_kernel_alone():
+    from triton_workshop.runtime.parallel_compile import compile_in_parallel
+
+    assert compile_in_parallel(lambda *a, **k: pytest.fail("called"), [((), {}), ((), {})]) == 0
+
+
 def test_compile_ahead_is_only_a_head_start(sm90):
     # A candidate that cannot compile does not stop the others; nothing raises here.
     jit = sm90.jit(_axpy)

@@ -507,21 +507,127 @@ def test_module_defaults_and_extras():
 
 
 # --------------------------------------------------------------------------------------------
+# The backward's row groups: a persistent grid of a few programs an SM, each looping over its
+# fixed group of consecutive rows and writing one row of partial dweight sums, then a fixed-order
+# sum over the partials. Here with one row a step (so a program loops, as on a GPU where it owns
+# about n_rows / n_SMs rows) and a chosen number of SMs, so that the row count falls on either
+# side of the program count.
+# --------------------------------------------------------------------------------------------
+@pytest.fixture(params=[(3, False), (4, True)], ids=["3sms", "4sms_wide"])
+def row_groups(request, monkeypatch):
+    """``n_sms`` SMs, one row a backward step; "wide" makes every tile one program an SM (the
+    rows of 4097-8192 columns on a GPU), otherwise ``backward_programs_per_sm`` an SM."""
+    n_sms, wide = request.param
+    monkeypatch.setattr(runtime, "num_sms", lambda device=None: n_sms)
+    tuning = rms_norm_ops.TUNING
+    monkeypatch.setattr(rms_norm_ops, "TUNING", dataclasses.replace(
+        tuning, max_rows_per_program=1,
+        backward_wide_tile_elems=1 if wide else tuning.backward_wide_tile_elems))
+    return n_sms * (1 if wide else tuning.backward_programs_per_sm)
+
+
+@pytest.mark.parametrize("n_cols", [1, 7, 129, 1000])
+@pytest.mark.parametrize("n_rows", [1, 5, 13], ids=lambda n: f"rows{n}")
+def test_backward_rows_against_programs(path, row_groups, n_rows, n_cols):
+    """One row (one program), fewer rows than programs, and 13 rows in groups that do not
+    divide it (the last group a single row): dx and dweight against float64 on fresh random
+    data."""
+    x = _randn(n_rows, n_cols, seed=n_rows + n_cols, scale=1.5, shift=0.2).requires_grad_()
+    w = _weight((n_cols,), seed=n_cols)
+    _check(x, n_cols, w, eps=1e-6, dy=_randn(n_rows, n_cols, seed=n_rows * n_cols + 1))
+
+
+def test_backward_partition_launches(path, row_groups, planned_launches):
+    """13 rows on the fused and column-tiled kernels: no more programs than the SMs allow (every
+    partial row they write is summed: test_backward_plan_covers_every_row_once)."""
+    x = _randn(13, 129).requires_grad_()
+    _check(x, 129, _weight((129,)))
+    grids = {name: grid for name, grid in planned_launches}
+    partial_rows = [grid[0] for name, grid in planned_launches
+                    if name in ("rms_norm_bwd_kernel", "rms_norm_bwd_dw_chunked_kernel")]
+    assert partial_rows and max(partial_rows) <= row_groups
+    assert "layer_norm_bwd_sum_partials_kernel" in grids
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("weight_kind", ["no_weight", "offset0", "offset1"])
+def test_backward_dtypes_and_weights(row_groups, dtype, weight_kind):
+    """fp32/fp16/bf16 rows over several row groups, without a weight, with one, and with
+    Gemma's 1 + weight: gradients within the dtype's tolerance of float64."""
+    x = _randn(13, 129, dtype=dtype, seed=11, scale=2.0).requires_grad_()
+    w = None if weight_kind == "no_weight" else _weight((129,), dtype, seed=12)
+    _check(x, 129, w, weight_offset=1.0 if weight_kind == "offset1" else 0.0,
+           dy=_randn(13, 129, dtype=dtype, seed=13))
+
+
+@pytest.mark.parametrize("outputs_used", [("y",), ("y", "sum")], ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_add_rms_norm_backward_row_groups(row_groups, dtype, outputs_used):
+    """add_rms_norm shares the kernel: its dx takes the sum's gradient where there is one."""
+    x = _randn(13, 129, dtype=dtype, seed=21).requires_grad_()
+    r = _randn(13, 129, dtype=dtype, seed=22, scale=2.0).requires_grad_()
+    _check_add(x, r, 129, _weight((129,), dtype, seed=23), weight_offset=1.0,
+               outputs_used=outputs_used)
+
+
+def test_backward_many_rows_a_program(row_groups):
+    """48 rows a program: dweight summed over a long loop stays within fp32's tolerance."""
+    n_rows = 48 * row_groups - 5  # the last group 5 rows short
+    x = _randn(n_rows, 7, seed=31).requires_grad_()
+    _check(x, 7, _weight((7,), seed=32), dy=_randn(n_rows, 7, seed=33))
+
+
+def test_backward_row_groups_are_deterministic(path, row_groups):
+    x = _randn(13, 129, dtype=torch.bfloat16, seed=41).requires_grad_()
+    w = _weight((129,), torch.bfloat16, seed=42)
+    dy = _randn(13, 129, dtype=torch.bfloat16, seed=43)
+    first, second = (torch.autograd.grad(rms_norm(x, 129, w), (x, w), dy) for _ in range(2))
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+@pytest.mark.parametrize("n_sms", [1, 4, 132])
+@pytest.mark.parametrize("n_cols", [1, 7, 129, 1000, 4097, 8192, 16384, 16385])
+def test_backward_plan_covers_every_row_once(n_sms, n_cols):
+    """Host only: for any row count, the groups of every launch that writes partial sums cover
+    the rows exactly (none empty, so every partial row is written), there are at most a few an
+    SM, and the sum reads as many partial rows as were written."""
+    tuning = rms_norm_ops.TUNING
+    dtypes = (torch.float16,) * 4 + (torch.float32,)
+    for n_rows in [*range(1, 40), 127, 128, 129, 263, 264, 265, 1000, 8191, 8192, 100003]:
+        plan = rms_norm_ops._backward_plan(n_rows, n_cols, 0.0, dtypes, True, False, False,
+                                           (True, True), n_sms, tuning)
+        for name, launch in plan.launches.items():
+            if name in ("fused", "dw"):
+                groups, rows_per_group = launch.grid[0], launch.scalars[2]
+                assert launch.scalars[0] == n_rows and groups == plan.n_partials
+                assert (groups - 1) * rows_per_group < n_rows <= groups * rows_per_group
+                assert groups <= n_sms * tuning.backward_programs_per_sm
+        assert plan.launches["sum"].scalars == (plan.n_partials, n_cols)
+
+
+# --------------------------------------------------------------------------------------------
 # Plans and bad input.
 # --------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("n_cols, kernels", [
-    (8192, ["fused", "sum"]),
-    (16384, ["dx_rows", "dw", "sum"]),  # dx alone fits a block; the sums are column-tiled
-    (16385, ["dx", "dw", "sum"]),
+@pytest.mark.parametrize("fused_max_cols, n_cols, kernels", [
+    (None, 8192, ["fused", "sum"]),
+    (None, 16384, ["fused", "sum"]),  # one read of x and dy for dx and the sums (layer norm: not)
+    (None, 16385, ["dx", "dw", "sum"]),
+    (8192, 16384, ["dx_rows", "dw", "sum"]),  # dx alone fits a block; the sums are column-tiled
 ])
-def test_backward_plan_by_row_length(n_cols, kernels):
+def test_backward_plan_by_row_length(fused_max_cols, n_cols, kernels):
+    tuning = rms_norm_ops.TUNING
+    if fused_max_cols is not None:
+        tuning = dataclasses.replace(tuning, backward_single_block_max_cols=fused_max_cols)
     dtypes = (torch.float16,) * 4 + (torch.float32,)
     plan = rms_norm_ops._backward_plan(4096, n_cols, 0.0, dtypes, True, True, False,
-                                       (True, True), 132, rms_norm_ops.TUNING)
+                                       (True, True), 132, tuning)
     assert list(plan.launches) == kernels
     without_dw = rms_norm_ops._backward_plan(4096, n_cols, 0.0, dtypes, True, True, False,
-                                             (True, False), 132, rms_norm_ops.TUNING)
+                                             (True, False), 132, tuning)
     assert list(without_dw.launches) == [k for k in kernels if k not in ("dw", "sum")]
+    if "fused" in kernels:  # past 8192 columns the weight row is not held through the loop
+        reload = plan.launches["fused"].consts["RELOAD_WEIGHT"]
+        assert reload == (n_cols > tuning.backward_weight_held_max_cols)
 
 
 def test_every_launch_goes_through_a_plan(monkeypatch, planned_launches):

@@ -33,22 +33,36 @@ def compile_ahead(tuner, configs, call_kwargs: dict) -> int:
     how many were handed to the threads (0: nothing done, the autotuner compiles as before).
     Whatever fails here (a tile that does not fit) fails again when timed, where the autotuner
     handles it."""
-    async_mode = _async_compile_mode()
     jit = tuner.fn
-    if async_mode is None or len(configs) < 2 or not hasattr(jit, "run") or not hasattr(jit, "params"):
+    if not hasattr(jit, "params"):
+        return 0
+    args = list((tuner.nargs or {}).values())  # the call's positional arguments, in order
+    kwargs = {k: v for k, v in call_kwargs.items() if k != "warmup"}
+    return compile_in_parallel(jit, [(args, {**kwargs, **config.all_kwargs()}) for config in configs])
+
+
+def compile_in_parallel(jit, calls) -> int:
+    """Compile the ``@triton.jit`` function ``jit`` for each ``(args, kwargs)`` of ``calls`` (the
+    arguments of a launch, ``grid`` among the kwargs) at once, in threads, without launching:
+    the launches that follow find their kernels compiled. Returns how many were handed to the
+    threads (0: nothing done where Triton lacks ``AsyncCompileMode``, where ``jit`` runs in the
+    interpreter, or for fewer than two). What fails to compile here fails again at its launch,
+    where the caller sees it."""
+    from triton.runtime.jit import JITFunction  # an interpreted function has nothing to compile
+
+    async_mode = _async_compile_mode()
+    if async_mode is None or len(calls) < 2 or not isinstance(jit, JITFunction):
         return 0
     from concurrent.futures import ThreadPoolExecutor
 
-    args = list((tuner.nargs or {}).values())  # the call's positional arguments, in order
-    kwargs = {k: v for k, v in call_kwargs.items() if k != "warmup"}
-    workers = max(1, min(len(configs), os.cpu_count() or 1, 16))
+    workers = max(1, min(len(calls), os.cpu_count() or 1, 16))
     try:
         with ThreadPoolExecutor(workers) as pool, async_mode(pool, ignore_errors=True):
-            for config in configs:
-                jit.run(*args, warmup=True, **kwargs, **config.all_kwargs())
-    except Exception:  # noqa: BLE001 - only a head start: the timing compiles what is missing
+            for args, kwargs in calls:
+                jit.run(*args, warmup=True, **kwargs)
+    except Exception:  # noqa: BLE001 - only a head start: each launch compiles what is missing
         return 0
-    return len(configs)
+    return len(calls)
 
 
 def parallel_compile_tuner(tuner):

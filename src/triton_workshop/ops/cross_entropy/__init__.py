@@ -6,9 +6,10 @@
 with ``ignore_index``, the three reductions and label smoothing as torch defines them.
 :func:`cross_entropy` reads the logits once; where autograd records an eager call it also writes
 their gradient in the same kernel, so that the backward only scales it. :func:`linear_cross_entropy`
-never holds the ``tokens x vocabulary`` logits: it takes the tokens a chunk at a time (``chunk
-rows x V`` logits at most, :class:`CrossEntropyTuning`), and for a mean or a sum computes the
-gradients of ``h``, ``W`` and ``b`` in the forward, while the chunk's logits are at hand.
+never holds the ``tokens x vocabulary`` logits: it takes the tokens a chunk at a time, whole rows
+or (for a large vocabulary) each chunk in a few blocks of the vocabulary, within a budget of
+bytes (:func:`chunk_plan`, :class:`CrossEntropyTuning`), and for a mean or a sum computes the
+gradients of ``h``, ``W`` and ``b`` in the forward, while each block's logits are at hand.
 
 This module holds the two public functions, their argument checks kept per call signature and
 the eager fast path. The family's other modules: :mod:`.tuning` (:data:`TUNING`), :mod:`.plans`
@@ -29,7 +30,10 @@ from . import checks, linear, loss, plans, tuning
 from .checks import check_dense_tensor, check_linear_args, check_loss_args, loss_key
 from .kernels import cross_entropy_bwd_kernel, cross_entropy_fwd_kernel  # noqa: F401
 from .linear import (
+    ChunkPlan,
+    chunk_plan,
     chunk_rows,
+    estimated_peak_bytes,
     linear_cross_entropy_backward,
     linear_cross_entropy_forward,
 )
@@ -44,12 +48,15 @@ from .tuning import REDUCTIONS, TUNING, CrossEntropyTuning
 __all__ = [
     "REDUCTIONS",
     "TUNING",
+    "ChunkPlan",
     "CrossEntropyTuning",
+    "chunk_plan",
     "chunk_rows",
     "cross_entropy",
     "cross_entropy_backward",
     "cross_entropy_forward",
     "cross_entropy_scale_grad",
+    "estimated_peak_bytes",
     "linear_cross_entropy",
     "linear_cross_entropy_backward",
     "linear_cross_entropy_forward",
@@ -175,9 +182,10 @@ def linear_cross_entropy(
     """``F.cross_entropy(F.linear(input, weight, bias).float(), target, ...)`` without the
     ``tokens x vocabulary`` logits: ``input`` (..., H) and ``target`` (...) are flattened to
     tokens, ``weight`` is (V, H), ``bias`` (V,) or None, all of one dtype (fp32/fp16/bf16; under
-    autocast the product runs in the autocast dtype, as F.linear's). The tokens are taken
-    ``chunk_rows(V, itemsize)`` at a time; for a mean or a sum the gradients of ``input``,
-    ``weight`` and ``bias`` are computed in the forward, so the backward only scales them.
+    autocast the product runs in the autocast dtype, as F.linear's). The logits are made a
+    chunk at a time, as ``chunk_plan(tokens, V, itemsize)`` cuts them (tokens, and for a large
+    vocabulary blocks of it); for a mean or a sum the gradients of ``input``, ``weight`` and
+    ``bias`` are computed in the forward, so the backward only scales them.
     Returns the fp32 loss (for "none" of ``target``'s shape). Traceable by ``torch.compile``."""
     ignore_index, label_smoothing = _LINEAR_CALLS.checked(
         loss_key, _check_linear_cross_entropy, input, weight, target, bias, ignore_index,

@@ -17,6 +17,11 @@ A row whose target is ``ignore_index`` has loss 0 and gradient 0 and is not read
 * :func:`cross_entropy_bwd_kernel`: the gradient of each row times the incoming gradient, either
   recomputed from the logits and the saved ``lse`` (one read, one write), or from the gradient
   the forward stored (in place, a row whose incoming gradient is exactly 1 is not touched).
+* :func:`linear_ce_block_fwd_kernel` and :func:`linear_ce_block_grad_kernel`: the fused linear +
+  cross-entropy's, over a chunk of logits that holds either whole rows or one block of columns
+  of each row (a 128k vocabulary split in a few blocks, so that a chunk holds many tokens
+  within a small memory budget). The forward merges the blocks' logsumexps into each row's;
+  the gradient of a block is written over its logits once the row's ``lse`` is complete.
 
 Arithmetic is fp32 whatever the logits' dtype; a gradient is rounded on its store. Scales (the
 count of targets of a mean, the incoming gradient) are read from device tensors with a row
@@ -67,16 +72,19 @@ def _row_logsumexp(x_row, n_cols, col_stride, UNIT_COLS: tl.constexpr, SUM_X: tl
 
 
 @triton.jit
-def _store_row_grad(x_row, d_row, n_cols, x_col_stride, target, lse, scale, smoothing,
-                    UNIT_COLS: tl.constexpr, REVERSE: tl.constexpr, BLOCK_N: tl.constexpr):
-    """``d_row[c] = scale * (exp(x_c - lse) - eps / n_cols - (1 - eps) * [c == target])``;
-    ``d_row`` is contiguous and may be ``x_row`` itself (each element is read before it is
-    written, by this program only). A target outside ``[0, n_cols)`` gives a row of NaN (no
-    host check: that would wait for the GPU). ``REVERSE``: the chunks last to first, for a row
-    this program has just streamed first to last: the chunks read last are the likeliest to be
-    still in L2 when a long row and its neighbours' do not all fit there."""
-    in_range = (target >= 0) & (target < n_cols)
-    smooth = smoothing / n_cols
+def _store_row_grad(x_row, d_row, n_cols, x_col_stride, target, in_range, lse, scale,
+                    smoothing, n_classes, UNIT_COLS: tl.constexpr, REVERSE: tl.constexpr,
+                    BLOCK_N: tl.constexpr):
+    """``d_row[c] = scale * (exp(x_c - lse) - eps / n_classes - (1 - eps) * [c == target])``
+    for the ``n_cols`` columns at hand: a whole row (``n_classes == n_cols``) or one block of a
+    row of ``n_classes`` (``target`` then counted from the block's first column, outside
+    ``[0, n_cols)`` where another block holds it). ``d_row`` is contiguous and may be ``x_row``
+    itself (each element is read before it is written, by this program only). A target that is
+    no class (not ``in_range``) gives a row of NaN (no host check: that would wait for the
+    GPU). ``REVERSE``: the chunks last to first, for a row this program has just streamed first
+    to last: the chunks read last are the likeliest to be still in L2 when a long row and its
+    neighbours' do not all fit there."""
+    smooth = smoothing / n_classes
     n_chunks = tl.cdiv(n_cols, BLOCK_N)
     for step in range(n_chunks):
         if REVERSE:
@@ -148,7 +156,8 @@ def cross_entropy_fwd_kernel(
             else:
                 scale = 1.0
             _store_row_grad(x_row, grad_ptr + row * grad_row_stride, n_cols, x_col_stride,
-                            target, lse, scale, smoothing, UNIT_COLS, True, BLOCK_N)
+                            target, in_range, lse, scale, smoothing, n_cols, UNIT_COLS, True,
+                            BLOCK_N)
 
 
 @triton.jit
@@ -200,5 +209,116 @@ def cross_entropy_bwd_kernel(
                 _store_scaled_row(x_ptr + row * x_row_stride, dx_row, n_cols, factor, BLOCK_N)
         else:
             lse = tl.load(lse_ptr + row * lse_stride)
+            in_range = (target >= 0) & (target < n_cols)
             _store_row_grad(x_ptr + row * x_row_stride, dx_row, n_cols, x_col_stride, target,
-                            lse, scale, smoothing, UNIT_COLS, False, BLOCK_N)
+                            in_range, lse, scale, smoothing, n_cols, UNIT_COLS, False, BLOCK_N)
+
+
+# --------------------------------------------------------------------------------------------
+# linear_cross_entropy's kernels: a chunk of logits may hold a block of each row's columns.
+# --------------------------------------------------------------------------------------------
+@triton.jit
+def _merge_lse(a, b):
+    """``log(exp(a) + exp(b))`` of two fp32 logsumexps: -inf where both are (a block of -inf
+    logits), shifted by 0 then so that no -inf - -inf makes a NaN."""
+    top = tl.maximum(a, b)
+    shift = tl.where(top == float("-inf"), 0.0, top)
+    return shift + tl.log(tl.exp(a - shift) + tl.exp(b - shift))
+
+
+@triton.jit
+def linear_ce_block_fwd_kernel(
+    x_ptr, target_ptr, count_ptr, loss_ptr, lse_ptr,
+    n_cols, col_start, n_classes, x_row_stride, target_stride, ignore_index, smoothing,
+    FIRST: tl.constexpr, LAST: tl.constexpr, SMOOTHING: tl.constexpr,
+    COMPUTE_GRAD: tl.constexpr, MEAN: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """One block of columns ``[col_start, col_start + n_cols)`` of each row of ``n_classes``
+    logits (contiguous rows; the whole row when the block is all of it, ``FIRST`` and
+    ``LAST``), the blocks launched in column order. Per row, ``lse`` holds the logsumexp of the
+    blocks seen so far and ``loss`` what the loss adds to it (``-(1 - eps) * x_t - eps / C *
+    sum x``): the ``FIRST`` block writes them, the others merge into them. The ``LAST`` block
+    leaves the row's loss and ``lse``, and with ``COMPUTE_GRAD`` turns its own logits into
+    their gradient in place (divided by the count of targets at ``count_ptr`` for a ``MEAN``):
+    the second read of a row, backwards, mostly from L2. The other blocks' gradients are
+    :func:`linear_ce_block_grad_kernel`'s, from the finished ``lse``. An ignored row's loss and
+    lse are 0 and its logits are not read."""
+    row = tl.program_id(0).to(tl.int64)  # int64: row * stride may pass 2**31
+    x_row = x_ptr + row * x_row_stride
+    target = tl.load(target_ptr + row * target_stride)
+    if target == ignore_index:
+        if LAST:
+            tl.store(loss_ptr + row, 0.0)
+            tl.store(lse_ptr + row, 0.0)
+            if COMPUTE_GRAD:
+                _store_zero_row(x_row, n_cols, BLOCK_N)
+    else:
+        local = target - col_start  # the target's column in this block, if it is here
+        here = (local >= 0) & (local < n_cols)
+        x_target = tl.load(x_row + tl.where(here, local, 0), mask=here,
+                           other=0.0).to(tl.float32)
+        if not FIRST:
+            prev_lse = tl.load(lse_ptr + row)
+            prev_acc = tl.load(loss_ptr + row)
+        block_lse, x_sum = _row_logsumexp(x_row, n_cols, 1, True, SMOOTHING, BLOCK_N)
+        if SMOOTHING:
+            part = -(1.0 - smoothing) * x_target - smoothing * (x_sum / n_classes)
+        else:
+            part = -x_target
+        if FIRST:
+            lse = block_lse
+            acc = part
+        else:
+            lse = _merge_lse(prev_lse, block_lse)
+            acc = prev_acc + part
+        # Every warp of the program reads the scalars above (each thread computes the row's lse
+        # for itself); the stores below write over some of them: the running lse and loss, and
+        # in place the target's logit. Without a barrier a warp that reads late can read what
+        # another has already written: on an H100 about one row in 2000 then had a warp merge
+        # the finished lse with its block again and write its part of the gradient from that.
+        tl.debug_barrier()
+        if LAST:
+            in_range = (target >= 0) & (target < n_classes)
+            # A target that is no class: NaN (torch raises; checking would wait for the GPU).
+            tl.store(loss_ptr + row, tl.where(in_range, lse + acc, float("nan")))
+            tl.store(lse_ptr + row, lse)
+            if COMPUTE_GRAD:
+                if MEAN:  # a row counted, so the count is at least 1
+                    scale = 1.0 / tl.load(count_ptr).to(tl.float32)
+                else:
+                    scale = 1.0
+                _store_row_grad(x_row, x_row, n_cols, 1, local, in_range, lse, scale,
+                                smoothing, n_classes, True, True, BLOCK_N)
+        else:
+            tl.store(loss_ptr + row, acc)
+            tl.store(lse_ptr + row, lse)
+
+
+@triton.jit
+def linear_ce_block_grad_kernel(
+    x_ptr, target_ptr, lse_ptr, scale_ptr,
+    n_cols, col_start, n_classes, x_row_stride, target_stride, scale_stride, ignore_index,
+    smoothing,
+    SCALE_BY: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """In place, one block of columns ``[col_start, col_start + n_cols)`` of each row of
+    ``n_classes`` logits (contiguous rows) becomes its gradient, from the row's finished
+    ``lse``, times a scale: ``SCALE_BY`` 0 none (a sum), 1 the inverse of the count of targets
+    at ``scale_ptr`` (a mean), 2 the incoming gradient of each row (reduction="none"'s backward,
+    ``scale_stride`` 0 for one value). An ignored row's block becomes zeros, unread."""
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * x_row_stride
+    target = tl.load(target_ptr + row * target_stride)
+    if target == ignore_index:
+        _store_zero_row(x_row, n_cols, BLOCK_N)
+    else:
+        if SCALE_BY == 1:
+            scale = 1.0 / tl.load(scale_ptr).to(tl.float32)
+        elif SCALE_BY == 2:
+            scale = tl.load(scale_ptr + row * scale_stride).to(tl.float32)
+        else:
+            scale = 1.0
+        in_range = (target >= 0) & (target < n_classes)
+        _store_row_grad(x_row, x_row, n_cols, 1, target - col_start, in_range,
+                        tl.load(lse_ptr + row), scale, smoothing, n_classes, True, False,
+                        BLOCK_N)

@@ -1,10 +1,14 @@
-"""linear_cross_entropy's registered ops and their autograd: the chunk loop over tokens (one
-chunk of logits at a time, turned into its gradient in place), the gradients of the input, the
-weight and the bias made in the forward for a mean or a sum, and the recomputing backward of
-reduction="none". The public function is in the package's ``__init__``.
+"""linear_cross_entropy's chunk plan, registered ops and autograd: how the logits are cut
+(:func:`chunk_plan`: chunks of tokens, each in blocks of the vocabulary where whole rows would
+leave too few tokens a chunk), the chunk loop (one block of logits at a time, turned into its
+gradient in place), the gradients of the input, the weight and the bias made in the forward
+for a mean or a sum, and the recomputing backward of reduction="none". The public function is
+in the package's ``__init__``.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -12,10 +16,13 @@ import torch.nn.functional as F
 from ... import runtime
 from ...runtime import register_op
 from .plans import (
+    SCALE_BY_COUNT,
+    SCALE_BY_ROW,
+    SCALE_NONE,
     applied_scale,
     count_valid,
-    launch_backward,
-    launch_forward,
+    launch_block_forward,
+    launch_block_grad,
     reduce_losses,
     refuse_double_backward,
     rescale_factor,
@@ -24,18 +31,79 @@ from .tuning import TUNING, CrossEntropyTuning
 
 
 # --------------------------------------------------------------------------------------------
+# How the logits are cut: chunks of tokens, and blocks of the vocabulary where rows do not fit.
+# --------------------------------------------------------------------------------------------
+class ChunkPlan(NamedTuple):
+    """How linear_cross_entropy cuts the ``tokens x vocabulary`` logits (:func:`chunk_plan`)."""
+
+    #: Tokens a chunk takes (the last chunk may take fewer).
+    rows: int
+    #: Classes a block of a chunk takes: the whole vocabulary (one block), or a part of it (the
+    #: last block may take fewer).
+    cols: int
+    #: Blocks a chunk is made in: ``ceil(vocabulary / cols)``.
+    blocks: int
+    #: The most bytes of logits held at once: ``rows x cols`` of the input's dtype.
+    chunk_bytes: int
+
+
+def _floor_pow2(n: int) -> int:
+    return 1 << (n.bit_length() - 1) if n > 1 else 1
+
+
+def chunk_plan(n_tokens: int, n_vocab: int, itemsize: int,
+               tuning: CrossEntropyTuning | None = None) -> ChunkPlan:
+    """The chunks of :func:`linear_cross_entropy` for ``n_tokens`` tokens of ``n_vocab`` classes
+    of ``itemsize`` bytes, within ``tuning.logits_chunk_bytes`` (see :class:`CrossEntropyTuning`
+    for the numbers behind these rules):
+
+    * whole rows where they fit enough tokens: the largest power of two of rows within the
+      budget and ``max_chunk_rows``, if that is ``min_chunk_rows`` or more (or all the tokens);
+    * otherwise ``min_chunk_rows`` tokens (or all, if fewer) and the vocabulary in as few
+      blocks of equal width as the budget allows (the width rounded up to a multiple of 64 where
+      that still fits: aligned rows for cuBLAS). Each block's logits are computed twice, once
+      for the loss and once for the gradient (the last block's only once), since a block's
+      gradient needs the logsumexp of the whole row.
+    """
+    tuning = TUNING if tuning is None else tuning
+    n_tokens, n_vocab = max(1, int(n_tokens)), int(n_vocab)
+    elements = max(1, tuning.logits_chunk_bytes // itemsize)  # logits a chunk may hold
+    rows = _floor_pow2(min(elements // n_vocab, tuning.max_chunk_rows))
+    if rows >= min(n_tokens, tuning.min_chunk_rows):
+        rows = min(rows, n_tokens)
+        return ChunkPlan(rows, n_vocab, 1, rows * n_vocab * itemsize)
+    rows = min(n_tokens, tuning.min_chunk_rows, elements)
+    blocks = -(-n_vocab // (elements // rows))
+    cols = -(-n_vocab // blocks)  # as even as the blocks can be
+    if rows * (-(-cols // 64) * 64) <= elements:
+        cols = -(-cols // 64) * 64
+    blocks = -(-n_vocab // cols)
+    return ChunkPlan(rows, cols, blocks, rows * cols * itemsize)
+
+
+def chunk_rows(n_vocab: int, itemsize: int, tuning: CrossEntropyTuning | None = None) -> int:
+    """Tokens a chunk of linear_cross_entropy takes when there are many
+    (:func:`chunk_plan`'s ``rows``)."""
+    tuning = TUNING if tuning is None else tuning
+    return chunk_plan(tuning.max_chunk_rows, n_vocab, itemsize, tuning).rows
+
+
+def estimated_peak_bytes(n_tokens: int, hidden: int, n_vocab: int, dtype: torch.dtype, *,
+                         bias: bool = False, tuning: CrossEntropyTuning | None = None) -> int:
+    """What forward + backward of a mean or a sum hold at most beyond their inputs, by this
+    module's accounting: ``grad_weight`` and ``grad_input`` in the input's dtype, ``grad_bias``
+    in fp32 (and a block's fp32 sum added into it), one chunk of logits, and each token's fp32
+    loss and logsumexp. Not counted: cuBLAS's workspace (made once a device, and kept) and the
+    caching allocator's rounding."""
+    itemsize = dtype.itemsize
+    plan = chunk_plan(n_tokens, n_vocab, itemsize, tuning)
+    total = (n_vocab + n_tokens) * hidden * itemsize + plan.chunk_bytes + 2 * n_tokens * 4
+    return total + (n_vocab + plan.cols) * 4 if bias else total
+
+
+# --------------------------------------------------------------------------------------------
 # linear_cross_entropy: the chunk loop, registered ops and autograd.
 # --------------------------------------------------------------------------------------------
-def chunk_rows(n_vocab: int, itemsize: int, tuning: CrossEntropyTuning | None = None) -> int:
-    """Tokens a chunk of linear_cross_entropy takes: the largest power of two whose logits
-    (``rows x n_vocab`` of ``itemsize`` bytes) fit ``tuning.logits_chunk_bytes``, at most
-    ``tuning.max_chunk_rows``, at least 1 (see :class:`CrossEntropyTuning` for why)."""
-    tuning = TUNING if tuning is None else tuning
-    rows = min(tuning.logits_chunk_bytes // max(1, int(n_vocab) * itemsize),
-               tuning.max_chunk_rows)
-    return 1 << (rows.bit_length() - 1) if rows > 1 else 1
-
-
 def new_grads(x, weight, bias, need):
     """Gradient buffers, or empty placeholders where not needed: ``grad_x`` is written chunk by
     chunk, ``grad_weight`` accumulated in its own dtype (as cuBLAS adds into it, one rounding a
@@ -57,21 +125,54 @@ def new_grads(x, weight, bias, need):
     return grad_x, grad_w, grad_b
 
 
+def _add_products(dlogits, x_chunk, w_block, grads, rows, cols, first_block, first_chunk):
+    """A linear layer's backward for one block of a chunk, while its gradient ``dlogits`` is at
+    hand: ``grad_x[rows] (+)= dlogits @ W[cols]`` (written by a chunk's first block, added into
+    by the others: one rounding a block), ``grad_w[cols] (+)= dlogitsᵀ @ x_chunk`` (written by
+    the first chunk, added into by the others: one rounding a chunk), ``grad_b[cols] +=`` the
+    fp32 sum of its rows. ``dlogits`` is in the input's dtype: the gradient that the
+    reference's ``.float()`` hands back to F.linear."""
+    grad_x, grad_w, grad_b = grads
+    if grad_x.numel():
+        if first_block:
+            torch.mm(dlogits, w_block, out=grad_x[rows[0]:rows[1]])
+        else:
+            grad_x[rows[0]:rows[1]].addmm_(dlogits, w_block)
+    if grad_w.numel():
+        out = grad_w if cols is None else grad_w[cols[0]:cols[1]]
+        if first_chunk:
+            torch.mm(dlogits.t(), x_chunk, out=out)
+        else:
+            out.addmm_(dlogits.t(), x_chunk)
+    if grad_b.numel():
+        (grad_b if cols is None else grad_b[cols[0]:cols[1]]).add_(
+            dlogits.sum(0, dtype=torch.float32))
+
+
 def _linear_cross_entropy_chunks(x, weight, bias, target, ignore_index, smoothing, lse, grads,
                                  loss_rows=None, count=None, grad_rows=None):
-    """The chunk loop. With ``loss_rows`` (the forward): each chunk's loss and ``lse``, and its
-    logits turned into gradients in place when a gradient is wanted (divided by ``count``, a
-    mean's count of targets, where given). Without (the backward of reduction="none"): each
-    chunk's gradients from the saved ``lse``, times ``grad_rows`` (the incoming gradient, one
-    a token). Then, while the chunk's gradient is at hand, the three products of a linear
-    layer's backward."""
+    """The chunk loop (:func:`chunk_plan`). With ``loss_rows`` (the forward): each chunk's loss
+    and ``lse`` from its blocks of logits in turn, and, when a gradient is wanted, each block's
+    logits turned into their gradient in place (divided by ``count``, a mean's count of targets,
+    where given): the last block's while it is at hand, the others' recomputed once the rows'
+    ``lse`` is known. Without (the backward of reduction="none"): each block's gradient from the
+    saved ``lse``, times ``grad_rows`` (the incoming gradient, one a token). Then, while a
+    block's gradient is at hand, the three products of a linear layer's backward."""
     grad_x, grad_w, grad_b = grads
-    need_x, need_w, need_b = grad_x.numel() > 0, grad_w.numel() > 0, grad_b.numel() > 0
-    compute_grad = need_x or need_w or need_b
-    n_rows = x.shape[0]
-    step = chunk_rows(weight.shape[0], x.dtype.itemsize)
-    for start in range(0, n_rows, step):
-        end = min(start + step, n_rows)
+    compute_grad = grad_x.numel() > 0 or grad_w.numel() > 0 or grad_b.numel() > 0
+    n_rows, n_vocab = x.shape[0], weight.shape[0]
+    plan = chunk_plan(n_rows, n_vocab, x.dtype.itemsize)
+    last = plan.blocks - 1
+    if plan.blocks == 1:  # whole rows (the usual case): no slices of the weight
+        blocks = [(None, weight, bias, 0)]
+    else:
+        blocks = [((v, min(v + plan.cols, n_vocab)), weight[v:v + plan.cols],
+                   None if bias is None else bias[v:v + plan.cols], v)
+                  for v in range(0, n_vocab, plan.cols)]
+    scale_by = SCALE_BY_ROW if loss_rows is None else \
+        SCALE_BY_COUNT if count is not None else SCALE_NONE
+    for start in range(0, n_rows, plan.rows):
+        end = min(start + plan.rows, n_rows)
         if end - start == n_rows:  # one chunk (the usual case for small batches): no slices
             x_chunk, target_chunk, lse_chunk = x, target, lse
             loss_chunk, scale_chunk = loss_rows, grad_rows
@@ -80,29 +181,35 @@ def _linear_cross_entropy_chunks(x, weight, bias, target, ignore_index, smoothin
             loss_chunk = loss_rows[start:end] if loss_rows is not None else None
             scale_chunk = grad_rows[start:end] if grad_rows is not None and grad_rows.dim() \
                 else grad_rows
-        # The logits as the reference gets them (F.linear in the input's dtype); the kernels
-        # read them as fp32, which is what the reference's .float() gives, exactly.
-        logits = F.linear(x_chunk, weight, bias)
+        rows, first_chunk = (start, end), start == 0
         if loss_rows is not None:
-            launch_forward(logits, target_chunk, loss_chunk, lse_chunk, ignore_index, smoothing,
-                           logits if compute_grad else None, count if compute_grad else None)
+            # The loss: every block's logits in turn, as the reference gets them (F.linear in
+            # the input's dtype; the kernel's fp32 read of them is the reference's .float()).
+            # With a gradient wanted the last block's become their gradient, and stay.
+            for i, (cols, w_block, b_block, col_start) in enumerate(blocks):
+                logits = F.linear(x_chunk, w_block, b_block)
+                launch_block_forward(logits, target_chunk, loss_chunk, lse_chunk, col_start,
+                                     n_vocab, ignore_index, smoothing, i == 0, i == last,
+                                     compute_grad, count if compute_grad else None)
+                if i < last or not compute_grad:
+                    # Freed before the next block's are made: rebinding the name would keep
+                    # these alive while F.linear allocates the next, two blocks at once.
+                    del logits
+            if not compute_grad:
+                continue
+            order = range(last, -1, -1)  # the block at hand first
         else:
-            launch_backward(logits, target_chunk, lse_chunk, scale_chunk, logits,
-                            ignore_index, smoothing)
-        if compute_grad:
-            # ``logits`` now holds d(loss)/d(logits) in the input's dtype: the gradient that
-            # the reference's .float() hands back to F.linear.
-            if need_x:
-                torch.mm(logits, weight, out=grad_x[start:end])
-            if need_w and start == 0:
-                torch.mm(logits.t(), x_chunk, out=grad_w)
-            elif need_w:
-                grad_w.addmm_(logits.t(), x_chunk)
-            if need_b:
-                grad_b.add_(logits.sum(0, dtype=torch.float32))
-        # Freed before the next chunk's are made: rebinding the name would keep these alive
-        # while F.linear allocates the next, two chunks of logits at once.
-        del logits
+            order = range(plan.blocks)
+        for i in order:
+            cols, w_block, b_block, col_start = blocks[i]
+            if loss_rows is None or i != last:
+                logits = F.linear(x_chunk, w_block, b_block)
+                launch_block_grad(logits, target_chunk, lse_chunk, col_start, n_vocab,
+                                  ignore_index, smoothing,
+                                  scale_chunk if loss_rows is None else count, scale_by)
+            _add_products(logits, x_chunk, w_block, grads, rows, cols, i == order[0],
+                          first_chunk)
+            del logits
 
 
 def _finish_grads(grads, x, bias):

@@ -1,6 +1,7 @@
 """The cross-entropy family's launches and what its two losses' host code shares.
 
-Cached launch plans of the two row kernels and their launchers; the reductions of per-row
+Cached launch plans of the two row kernels and of linear_cross_entropy's two block kernels, and
+their launchers; the reductions of per-row
 losses (with the count of targets a mean divides by, kept on the device); and the pieces of
 autograd both losses use where their gradients are made in the forward: the factor that
 rescales a gradient already scaled once, the record of that scale, and the refusal of a double
@@ -15,7 +16,12 @@ import torch
 
 from ... import runtime
 from ...runtime import LaunchPlan, chunk_tile, plan_cache
-from .kernels import cross_entropy_bwd_kernel, cross_entropy_fwd_kernel
+from .kernels import (
+    cross_entropy_bwd_kernel,
+    cross_entropy_fwd_kernel,
+    linear_ce_block_fwd_kernel,
+    linear_ce_block_grad_kernel,
+)
 from .tuning import TUNING, CrossEntropyTuning
 
 
@@ -91,6 +97,68 @@ def launch_backward(x, target, lse, scale, dx, ignore_index, smoothing, from_gra
     plan = backward_plan_for(x, target, lse, scale, dx, ignore_index, smoothing, from_grad, applied)
     with runtime.device_guard(x):
         plan.launch(x, target, lse, scale, dx)
+
+
+# --------------------------------------------------------------------------------------------
+# linear_cross_entropy's launches: a chunk of logits, whole rows or a block of columns of each.
+# --------------------------------------------------------------------------------------------
+#: What linear_ce_block_grad_kernel multiplies a gradient by (its ``SCALE_BY``).
+SCALE_NONE, SCALE_BY_COUNT, SCALE_BY_ROW = 0, 1, 2
+
+
+@plan_cache()
+def block_forward_plan(n_rows, n_cols, dtypes, row_stride, target_stride, col_start, n_classes,
+                       ignore_index, smoothing, first, last, compute_grad, mean,
+                       tuning: CrossEntropyTuning) -> LaunchPlan:
+    """linear_ce_block_fwd_kernel over ``n_rows`` rows of one block of ``n_cols`` columns."""
+    tile = chunk_tile(n_cols, tuning.chunk_cols)
+    return LaunchPlan(
+        linear_ce_block_fwd_kernel, (n_rows,),
+        (n_cols, col_start, n_classes, row_stride, target_stride, ignore_index, smoothing),
+        dict(FIRST=first, LAST=last, SMOOTHING=smoothing > 0,
+             COMPUTE_GRAD=last and compute_grad, MEAN=last and compute_grad and mean,
+             BLOCK_N=tile.block_cols, num_warps=tile.num_warps))
+
+
+@plan_cache()
+def block_grad_plan(n_rows, n_cols, dtypes, row_stride, target_stride, scale_stride, col_start,
+                    n_classes, ignore_index, smoothing, scale_by,
+                    tuning: CrossEntropyTuning) -> LaunchPlan:
+    """linear_ce_block_grad_kernel over ``n_rows`` rows of one block of ``n_cols`` columns."""
+    tile = chunk_tile(n_cols, tuning.chunk_cols)
+    return LaunchPlan(
+        linear_ce_block_grad_kernel, (n_rows,),
+        (n_cols, col_start, n_classes, row_stride, target_stride, scale_stride, ignore_index,
+         smoothing),
+        dict(SCALE_BY=scale_by, BLOCK_N=tile.block_cols, num_warps=tile.num_warps))
+
+
+def launch_block_forward(logits, target, loss_rows, lse, col_start, n_classes, ignore_index,
+                         smoothing, first, last, compute_grad, count=None):
+    """The loss pass over one block of a chunk (``logits``: contiguous rows, columns
+    ``[col_start, col_start + logits.shape[1])`` of ``n_classes``); with ``compute_grad`` the
+    ``last`` block's logits become their gradient, divided by ``count`` where given (a mean).
+    ``lse`` stands in for a count not given: never read."""
+    tensors = (logits, target, lse if count is None else count, loss_rows, lse)
+    plan = block_forward_plan(logits.shape[0], logits.shape[1],
+                              tuple([t.dtype for t in tensors]), logits.stride(0),
+                              target.stride(0), col_start, n_classes, ignore_index, smoothing,
+                              first, last, compute_grad, count is not None, TUNING)
+    with runtime.device_guard(logits):
+        plan.launch(*tensors)
+
+
+def launch_block_grad(logits, target, lse, col_start, n_classes, ignore_index, smoothing,
+                      scale=None, scale_by=SCALE_NONE):
+    """One block of a chunk's logits becomes its gradient in place, from the rows' ``lse``,
+    times ``scale`` as ``scale_by`` says (``lse`` stands in for no scale: never read)."""
+    scale = lse if scale is None else scale
+    tensors = (logits, target, lse, scale)
+    plan = block_grad_plan(logits.shape[0], logits.shape[1], tuple([t.dtype for t in tensors]),
+                           logits.stride(0), target.stride(0), _stride0(scale), col_start,
+                           n_classes, ignore_index, smoothing, scale_by, TUNING)
+    with runtime.device_guard(logits):
+        plan.launch(*tensors)
 
 
 def count_valid(target: torch.Tensor, ignore_index: int) -> torch.Tensor:

@@ -33,27 +33,33 @@ class CrossEntropyTuning:
     #: read of each 250 KB row does not stay in L2 beside the other rows in flight, so True
     #: saves nothing at 1 and loses at a loss divided by accumulation steps: False.
     grad_in_forward: bool = False
-    #: linear_cross_entropy: the most bytes one chunk of logits may take (``rows x V`` in the
-    #: input's dtype) and the most tokens a chunk takes (a power of two). The chunk's rows are
-    #: the largest power of two within both (at least 1).
+    #: linear_cross_entropy (:func:`.linear.chunk_plan`): the most bytes one chunk of logits
+    #: may take, in the input's dtype (the kernels turn them into their gradient in place: no
+    #: second buffer); the most tokens a chunk of whole rows takes; and the fewest tokens a
+    #: chunk takes: where that many whole rows do not fit, a chunk of ``min_chunk_rows`` tokens
+    #: is cut into as few blocks of the vocabulary as fit.
     #:
-    #: The trade-off. Peak memory is grad_weight + grad_input + one chunk of logits (their
-    #: gradient is written over them); at 8192 tokens, H = 2048, V = 128256 in bf16 that is
-    #: 501 + 32 + 250.5 MiB for 1024 rows (783.5 MiB), + 125.3 for 512 (658.3), + 62.6 for 256
-    #: (595.6: Liger-Kernel's chunk, and its 597 MiB peak). What a smaller chunk costs is the
-    #: weight's gradient: each chunk adds ``dlogitsᵀ @ x_chunk`` into the whole V x H
-    #: grad_weight, which cuBLAS reads and writes once a chunk (1 GB here) for 2·rows·V·H
-    #: FLOPs: rows / 2 FLOPs a byte, against the ~300 an H100 needs to stay compute-bound
-    #: (990 TFLOP/s over 3.35 TB/s). 1024 rows (512 a byte) keep it compute-bound; 512 are at
-    #: the edge; 256 (128 a byte) make it memory-bound: ~0.35 ms a chunk where 0.18 ms would
-    #: do. Measured on an H100 at that size (fwd+bwd, time and peak above the inputs): 256 MiB
-    #: chunks 22.2 ms and 785 MiB, 128 MiB 24.9 ms and 659 MiB, 64 MiB 34.7 ms and 597 MiB;
-    #: Liger-Kernel 34.7 ms and 597 MiB; torch.compile 19.9 ms and 2538 MiB. So the rows stop at
-    #: 1024, where the products run at full speed, and the bytes cap them for vocabularies so
-    #: large that 1024 rows of logits would take more than 256 MiB. ``logits_chunk_bytes =
-    #: 64 MiB`` trades that time for Liger-Kernel's memory.
-    logits_chunk_bytes: int = 256 * 1024 * 1024
+    #: Peak memory is grad_weight + grad_input + one chunk (+ 8 bytes a token): at 8192 tokens,
+    #: H = 2048, V = 128256 in bf16, 501 + 32 MiB + the chunk. Whole rows trade time for it:
+    #: 1024 rows (250.5 MiB, 22.4 ms fwd+bwd on an H100), 512 (125.3 MiB, 25.1 ms), 256 (62.6
+    #: MiB, 34.5 ms: Liger-Kernel's chunk, 34.7 ms, 597 MiB peak). Fewer rows cost time through
+    #: grad_weight: each chunk adds ``dlogitsᵀ @ x_chunk`` into all of it, reading and writing
+    #: 1 GB for 2·rows·V·H FLOPs, rows / 2 FLOPs a byte against the ~300 an H100 needs; 256 rows
+    #: make it memory-bound. Blocks trade FLOPs instead: a block's gradient needs the whole
+    #: row's logsumexp, so each block's logits are made twice (once for the loss, once for the
+    #: gradient; the last block's once), 3 + (blocks - 1) / blocks products a chunk where whole
+    #: rows take 3. 64 MiB with chunks of 512 tokens: 512 x 2 blocks of 64128 classes x 2 bytes
+    #: = 62.6 MiB, Liger-Kernel's chunk exactly; peak 501 + 32 + 62.6 = 595.7 MiB by
+    #: :func:`.linear.estimated_peak_bytes` (596.7 measured, as Liger-Kernel's), 3.5 products a
+    #: chunk: 28.3 ms. Measured beside it on an H100: 1024 tokens in 4 blocks 29.3 ms, 2048 in 8
+    #: 33.3 ms (more recomputed); 512 in 3 blocks (48 MiB: 575.8 MiB peak) 31.7 ms, 1024 in 6
+    #: (48 MiB) 30.4 ms. fp32 inputs: 512 tokens in 4 blocks of fp32 within the same 64 MiB.
+    #: Whole rows stay whole where ``min_chunk_rows`` of them fit (V <= 65536 in bf16 at 64 MiB,
+    #: up to 1024 rows where V <= 32768); ``logits_chunk_bytes = 256 * 2**20, min_chunk_rows =
+    #: 1`` buys back the 22.4 ms with 785 MiB.
+    logits_chunk_bytes: int = 64 * 1024 * 1024
     max_chunk_rows: int = 1024
+    min_chunk_rows: int = 512
 
 
 #: The tuning every launch reads (at call time: a replaced object takes effect at once).

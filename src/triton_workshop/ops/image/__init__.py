@@ -14,6 +14,7 @@ import torch
 
 from ... import runtime
 from ...runtime import FLOAT_DTYPES, register_op
+from ..image_filters import FILTERS, get_filter
 from .kernels import filter2d_kernel, greyscale_kernel, sepia_kernel
 
 __all__ = [
@@ -313,28 +314,4 @@ def filter2d(img: torch.Tensor, kernel: torch.Tensor, padding: str = "same") -> 
 # --------------------------------------------------------------------------------------------
 # Named filters.
 # --------------------------------------------------------------------------------------------
-def _binomial_5x5() -> torch.Tensor:
-    row = torch.tensor([1.0, 4.0, 6.0, 4.0, 1.0])
-    return torch.outer(row, row) / 256.0
-
-
-_SOBEL_X = torch.tensor([[-1.0, 0.0, 1.0], [-2.0, 0.0, 2.0], [-1.0, 0.0, 1.0]])
-
-#: Named ``K x K`` filters for :func:`filter2d` (float32, on the CPU; see :func:`get_filter`).
-FILTERS: dict[str, torch.Tensor] = {
-    "sharpen": torch.tensor([[0.0, -1.0, 0.0], [-1.0, 5.0, -1.0], [0.0, -1.0, 0.0]]),
-    "edge": torch.tensor([[-1.0, -1.0, -1.0], [-1.0, 8.0, -1.0], [-1.0, -1.0, -1.0]]),
-    "gaussian": _binomial_5x5(),
-    "motion_blur": torch.eye(5) / 5.0,
-    "sobel_x": _SOBEL_X,
-    "sobel_y": _SOBEL_X.T.contiguous(),
-}
-
-
-def get_filter(
-    name: str, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32
-) -> torch.Tensor:
-    """A fresh copy of the named filter on ``device`` (the CPU by default) in ``dtype``."""
-    if name not in FILTERS:
-        raise ValueError(f"unknown filter {name!r}; valid names: {', '.join(sorted(FILTERS))}")
-    return FILTERS[name].to(device=device, dtype=dtype, copy=True)
+# The named filters live apart (..image_filters): plain tensors, importable without the kernels.

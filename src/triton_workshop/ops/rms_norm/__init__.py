@@ -66,11 +66,15 @@ CASTING_MODES = ("torch", "llama", "gemma")
 @dataclass(frozen=True)
 class RMSNormTuning(LayerNormTuning):
     """The launch decisions of rms_norm: part of every plan's key (tests replace :data:`TUNING`
-    with ``dataclasses.replace`` to reach the chunked paths on short rows). The fields and their
-    values are layer norm's (see :class:`LayerNormTuning` and docs/kernels/layer_norm.md for the
-    H100 measurements behind them): an RMSNorm program holds the same tiles less the bias terms
-    (``dwdb_stages`` is here the column-tiled dweight kernel's), so it fits at least where a
-    layer norm program fits. A field that RMSNorm should set apart is overridden here."""
+    with ``dataclasses.replace`` to reach the chunked paths on short rows). The fields are layer
+    norm's (:class:`LayerNormTuning`; H100 measurements in docs/kernels/layer_norm.md): an RMSNorm
+    program holds its tiles less the bias terms (``dwdb_stages`` is the column-tiled dweight
+    kernel's), so it fits wherever layer norm's does. Overridden: fused backward rows up to 16384
+    (not 8192: past it the column-tiled sums read x and dy again; H100, rows of 16384: 55% of
+    copy so, 71-78% fused); fused rows past the held width re-read the weight each step rather
+    than hold it beside the running sums (fewer spills)."""
+    backward_single_block_max_cols: int = 16384
+    backward_weight_held_max_cols: int = 8192
 
 
 #: The tuning every launch reads (at call time: a replaced object takes effect at once).
@@ -185,18 +189,17 @@ def _rms_norm_backward_fake(dy, dsum, x, weight, rstd, norm_ndim, weight_offset,
 
 
 class BackwardPlan(NamedTuple):
-    """The backward's launches for one shape, in launch order, by name (``"fused"``,
-    ``"dx_rows"``, ``"dx"``, ``"dw"``, ``"sum"``: see :func:`_backward_launches` for their
-    operands), and the rows of the partial ``dweight`` buffer they fill."""
+    """The backward's launches for one shape by name, in launch order (``"fused"``,
+    ``"dx_rows"``, ``"dx"``, ``"dw"``, ``"sum"``: see :func:`_backward_launches`), and the
+    partial ``dweight`` rows they fill."""
 
     n_partials: int
     launches: dict[str, LaunchPlan]
 
 
 def _row_groups(n_rows: int, max_groups: int) -> tuple[int, int]:
-    """``(n_groups, rows_per_group)``: consecutive rows split into at most ``max_groups`` groups.
-    A fixed partition (it depends only on the shape and the GPU): the same summation order, so
-    the same bits, every run."""
+    """``(n_groups, rows_per_group)``: consecutive rows in at most ``max_groups`` groups, a fixed
+    partition (shape and GPU only): the same summation order, so the same bits, every run."""
     rows_per_group = runtime.cdiv(n_rows, max(1, min(max_groups, n_rows)))
     return runtime.cdiv(n_rows, rows_per_group), rows_per_group
 
@@ -225,9 +228,9 @@ def _backward_plan(n_rows, n_cols, weight_offset, dtypes, has_weight, has_dsum, 
             rms_norm_bwd_kernel, (n_partials,),
             (n_rows, n_cols, rows_per_program, weight_offset), dict(
                 common, HAS_WEIGHT=has_weight, HAS_DSUM=has_dsum, COMPUTE_DX=need_dx,
-                COMPUTE_DW=need_dw, BLOCK_N=tile.block_cols, ROWS=tile.rows,
-                STAGES=(tuning.backward_stages if prefetch <= tuning.backward_prefetch_bytes
-                        else 1),
+                COMPUTE_DW=need_dw, RELOAD_WEIGHT=n_cols > tuning.backward_weight_held_max_cols,
+                BLOCK_N=tile.block_cols, ROWS=tile.rows, STAGES=(
+                    tuning.backward_stages if prefetch <= tuning.backward_prefetch_bytes else 1),
                 num_warps=tuning.backward_wide_num_warps if wide else tile.num_warps))
     else:
         tile = chunk_tile(n_cols, tuning.chunk_cols)
@@ -239,8 +242,8 @@ def _backward_plan(n_rows, n_cols, weight_offset, dtypes, has_weight, has_dsum, 
                 rms_norm_bwd_kernel, (n_programs,),
                 (n_rows, n_cols, rows_per_program, weight_offset), dict(
                     common, HAS_WEIGHT=has_weight, HAS_DSUM=has_dsum, COMPUTE_DX=True,
-                    COMPUTE_DW=False, BLOCK_N=runtime.next_power_of_2(n_cols), ROWS=1,
-                    STAGES=1, num_warps=tuning.backward_wide_num_warps))
+                    COMPUTE_DW=False, RELOAD_WEIGHT=False, BLOCK_N=runtime.next_power_of_2(n_cols),
+                    ROWS=1, STAGES=1, num_warps=tuning.backward_wide_num_warps))
         elif need_dx:
             launches["dx"] = LaunchPlan(
                 rms_norm_bwd_dx_chunked_kernel, (n_rows,), (n_cols, weight_offset), dict(

@@ -133,19 +133,21 @@ def rms_norm_bwd_kernel(
     dy_ptr, x_ptr, w_ptr, rstd_ptr, dsum_ptr, dx_ptr, dw_partial_ptr,
     n_rows, n_cols, rows_per_program, weight_offset: tl.float64,
     HAS_WEIGHT: tl.constexpr, HAS_DSUM: tl.constexpr, ROUND_XHAT: tl.constexpr,
-    COMPUTE_DX: tl.constexpr, COMPUTE_DW: tl.constexpr,
+    COMPUTE_DX: tl.constexpr, COMPUTE_DW: tl.constexpr, RELOAD_WEIGHT: tl.constexpr,
     ACC: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, STAGES: tl.constexpr,
 ):
     """Single-block backward: ``dx`` for a group of rows (plus the gradient that reached the
     residual sum directly, ``HAS_DSUM``), and that group's partial ``dweight`` (row ``pid`` of the
     partial buffer), reading ``x`` and ``dy`` once. The row loop is pipelined over ``STAGES``
-    stages (1: not pipelined)."""
+    stages (1: not pipelined). ``RELOAD_WEIGHT``: the weight row is read at every step (from
+    L1/L2) instead of held in registers across the loop, for rows so long that holding it beside
+    the running ``dweight`` sums spills."""
     pid = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < n_cols
     first_row = pid * rows_per_program
     end_row = tl.minimum(first_row + rows_per_program, n_rows)
-    if HAS_WEIGHT:
+    if HAS_WEIGHT and not RELOAD_WEIGHT:
         w = _effective_weight(w_ptr, cols, col_mask, weight_offset, ROUND_XHAT, ACC)
     # The running sum kept as a whole tile, in the layout x and dy arrive in: reduced once after
     # the loop instead of converting layouts through shared memory every iteration.
@@ -163,7 +165,11 @@ def rms_norm_bwd_kernel(
         if COMPUTE_DX:
             g = dy
             if HAS_WEIGHT:
-                g = dy * w[None, :]
+                if RELOAD_WEIGHT:
+                    g = dy * _effective_weight(w_ptr, cols, col_mask, weight_offset, ROUND_XHAT,
+                                               ACC)[None, :]
+                else:
+                    g = dy * w[None, :]
             mean_g_xhat = tl.sum(g * xhat, axis=1) / n_cols
             dx = (g - mean_g_xhat[:, None] * xhat) * rstd[:, None]
             if HAS_DSUM:

@@ -14,6 +14,7 @@ from typing import Sequence
 
 import torch
 
+from ...runtime.parallel_compile import compile_in_parallel
 from ..verdict import Verdict
 
 __all__ = ["TUNING_CONFIGS_LABEL", "tuning_config_problems", "tuning_configs_verdict"]
@@ -35,7 +36,7 @@ def tuning_config_problems(configs: Sequence, kernel, device, *, shape=(40, 24, 
     a = torch.randn(m, k, generator=gen).to(device)
     b = torch.randn(k, n, generator=gen).to(device)
     expected = (a.double() @ b.double()).float()
-    problems = []
+    launches = []  # (index, config, the launch's arguments, its keywords, the output)
     for index, config in enumerate(configs):
         meta = dict(getattr(config, "kwargs", None) or {})
         if not meta:
@@ -43,12 +44,17 @@ def tuning_config_problems(configs: Sequence, kernel, device, *, shape=(40, 24, 
         options = {name: getattr(config, name) for name in ("num_warps", "num_stages")
                    if getattr(config, name, None) is not None}
         c = torch.full((m, n), float("nan"), device=device)
+        args = (a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0),
+                c.stride(1))
+        launches.append((index, config, args, dict(INPUT_PRECISION="ieee", **meta, **options), c))
+    # On a GPU each config is a compile of its own, seconds each one after the other: all of
+    # them at once first (a no-op in the interpreter).
+    compile_in_parallel(kernel, [(args, dict(kwargs, grid=_grid(kwargs, m, n)))
+                                 for _, _, args, kwargs, _ in launches])
+    problems = []
+    for index, config, args, kwargs, c in launches:
         try:
-            # A key missing here is named by the launch itself (32: any tile covers the grid).
-            blocks = [int(meta.get(name, 32)) for name in ("BLOCK_M", "BLOCK_N")]
-            grid = (-(-m // blocks[0]) * -(-n // blocks[1]),)
-            kernel[grid](a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-                         c.stride(0), c.stride(1), INPUT_PRECISION="ieee", **meta, **options)
+            kernel[_grid(kwargs, m, n)](*args, **kwargs)
         except Exception as exc:  # the learner's config: any error is the finding
             reason = str(exc).strip().splitlines()[-1][:200] if str(exc).strip() else type(exc).__name__
             problems.append(
@@ -60,6 +66,16 @@ def tuning_config_problems(configs: Sequence, kernel, device, *, shape=(40, 24, 
         if not torch.allclose(c.cpu(), expected.cpu(), rtol=1e-4, atol=1e-4):
             problems.append(f"{_describe(index, config)} launches but computes a wrong product")
     return problems
+
+
+def _grid(meta: dict, m: int, n: int) -> tuple:
+    """A 1-D grid of output tiles; a key missing here is named by the launch itself (32: any tile
+    covers the grid)."""
+    try:
+        block_m, block_n = (int(meta.get(name, 32)) for name in ("BLOCK_M", "BLOCK_N"))
+    except (TypeError, ValueError):
+        block_m = block_n = 32
+    return (-(-m // max(block_m, 1)) * -(-n // max(block_n, 1)),)
 
 
 def tuning_configs_verdict(module, device) -> Verdict:
