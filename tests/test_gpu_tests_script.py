@@ -1,0 +1,44 @@
+"""scripts/gpu_tests.py: the suite dealt into one shard a GPU, and the outcome counted from each
+shard's log (finished or cut off)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("gpu_tests", ROOT / "scripts" / "gpu_tests.py")
+gpu_tests = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(gpu_tests)
+
+
+def test_every_file_lands_in_exactly_one_shard_of_about_equal_size(tmp_path):
+    sizes = [900, 700, 500, 400, 300, 200, 100, 50]
+    files = []
+    for i, size in enumerate(sizes):
+        f = tmp_path / f"test_{i}.py"
+        f.write_text("x" * size)
+        files.append(f)
+    shards = gpu_tests.deal(files, 3)
+    assert sorted(p.name for g in shards for p in g) == sorted(f.name for f in files)
+    totals = [sum(p.stat().st_size for p in g) for g in shards]
+    assert max(totals) - min(totals) <= max(sizes)
+
+
+def test_outcomes_are_counted_from_a_cut_off_xdist_log_and_a_serial_one():
+    xdist = ("[gw0] [ 10%] PASSED tests/test_a.py::t1 \n[gw1] [ 20%] FAILED tests/test_a.py::t2 \n"
+             "[gw0] [ 30%] SKIPPED tests/test_b.py::t3 \n[gw2] [ 40%] ERROR tests/test_b.py::t4 \n"
+             "tests/test_b.py::t5 \n")
+    assert gpu_tests.count(xdist) == {"PASSED": 1, "FAILED": 1, "ERROR": 1, "SKIPPED": 1}
+    serial = "tests/test_a.py::t1 PASSED [ 50%]\ntests/test_a.py::t2 FAILED [100%]\n"
+    assert gpu_tests.count(serial) == {"PASSED": 1, "FAILED": 1, "ERROR": 0, "SKIPPED": 0}
+
+
+def test_a_run_on_this_machine_writes_the_table(tmp_path):
+    code = gpu_tests.main(["--out", str(tmp_path), "--shards", "2", "--workers", "1", "--deadline", "300",
+                           "--", "tests/test_layout.py", "tests/test_debug.py", "-x"])
+    table = (tmp_path / "summary.txt").read_text()
+    assert code == 0, table
+    assert "| shard0 |" in table and "| shard1 |" in table and "| big-memory |" in table
+    passed = sum(int(line.split("|")[2]) for line in table.splitlines() if line.startswith("| shard"))
+    assert passed > 0
