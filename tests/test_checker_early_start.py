@@ -88,19 +88,21 @@ def test_no_gpu_is_guessed_where_kernels_will_not_compile(monkeypatch, env, expe
                                       time_limit=None) is None
 
 
-def test_the_check_command_imports_no_torch_before_its_children_start():
-    code = ("import sys; sys.argv = ['workshop', 'check', '1']\n"
-            "import triton_workshop.cli, triton_workshop.teach.early_start\n"
-            "print('torch' in sys.modules, 'triton' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+def _modules_after(argv: list[str], code: str) -> list[str]:
+    """What a fresh Python prints after setting ``sys.argv`` to ``argv`` and running ``code``."""
+    out = subprocess.run([sys.executable, "-c", f"import sys; sys.argv = {argv!r}\n{code}"],
+                         capture_output=True, text=True, check=True,
                          env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
-    assert out.stdout.split() == ["False", "False"]
+    return out.stdout.split()
+
+
+def test_the_check_command_imports_no_torch_before_its_children_start():
+    assert _modules_after(["workshop", "check", "1"], (
+        "import triton_workshop.cli, triton_workshop.teach.early_start\n"
+        "print('torch' in sys.modules, 'triton' in sys.modules)")) == ["False", "False"]
 
 
 def test_any_other_process_decides_the_mode_on_import():
-    code = ("import sys; sys.argv = ['python', 'check']\n"
-            "import triton_workshop\n"
-            "print('torch' in sys.modules, triton_workshop.INTERPRET in (True, False))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
-    assert out.stdout.split() == ["True", "True"]
+    assert _modules_after(["python", "check"], (
+        "import triton_workshop\n"
+        "print('torch' in sys.modules, triton_workshop.INTERPRET in (True, False))")) == ["True", "True"]

@@ -72,6 +72,17 @@ def _row_logsumexp(x_row, n_cols, col_stride, UNIT_COLS: tl.constexpr, SUM_X: tl
 
 
 @triton.jit
+def _mean_scale(count_ptr, MEAN: tl.constexpr):
+    """What a gradient is multiplied by: 1 / the number of counted rows for a mean (a row is
+    being scaled, so it was counted and the count is at least 1), else 1."""
+    if MEAN:
+        scale = 1.0 / tl.load(count_ptr).to(tl.float32)
+    else:
+        scale = 1.0
+    return scale
+
+
+@triton.jit
 def _store_row_grad(x_row, d_row, n_cols, x_col_stride, target, in_range, lse, scale,
                     smoothing, n_classes, UNIT_COLS: tl.constexpr, REVERSE: tl.constexpr,
                     BLOCK_N: tl.constexpr):
@@ -151,10 +162,7 @@ def cross_entropy_fwd_kernel(
         tl.store(loss_ptr + row, loss)
         tl.store(lse_ptr + row, lse)
         if COMPUTE_GRAD:
-            if MEAN:  # a row counted, so the count is at least 1
-                scale = 1.0 / tl.load(count_ptr).to(tl.float32)
-            else:
-                scale = 1.0
+            scale = _mean_scale(count_ptr, MEAN)
             _store_row_grad(x_row, grad_ptr + row * grad_row_stride, n_cols, x_col_stride,
                             target, in_range, lse, scale, smoothing, n_cols, UNIT_COLS, True,
                             BLOCK_N)
@@ -283,10 +291,7 @@ def linear_ce_block_fwd_kernel(
             tl.store(loss_ptr + row, tl.where(in_range, lse + acc, float("nan")))
             tl.store(lse_ptr + row, lse)
             if COMPUTE_GRAD:
-                if MEAN:  # a row counted, so the count is at least 1
-                    scale = 1.0 / tl.load(count_ptr).to(tl.float32)
-                else:
-                    scale = 1.0
+                scale = _mean_scale(count_ptr, MEAN)
                 _store_row_grad(x_row, x_row, n_cols, 1, local, in_range, lse, scale,
                                 smoothing, n_classes, True, True, BLOCK_N)
         else:
