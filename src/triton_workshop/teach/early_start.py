@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["CASE_TIME_LIMIT", "EarlyChild", "adopt", "child_argv", "child_env", "discard",
-           "gpu_likely", "start_children"]
+           "gpu_likely", "spawn", "start_children"]
 
 CASE_TIME_LIMIT = 60.0  # seconds one case may run before it counts as hanging
 CHILD_MODULE = "triton_workshop.teach.sandbox"
@@ -80,6 +80,14 @@ def _key(argv: list[str], env: dict) -> tuple:
     return tuple(argv[:fd + 1] + argv[fd + 2:]), tuple(sorted(env.items()))
 
 
+def spawn(argv: list[str], env: dict, pass_fds: tuple, stderr) -> subprocess.Popen:
+    """A fresh Python running a child (``python -m triton_workshop.teach.sandbox argv``): stdin
+    empty, stdout a pipe (what the learner's file prints, relayed by the parent), stderr to
+    ``stderr``, the event pipe's end among ``pass_fds``."""
+    return subprocess.Popen([sys.executable, "-m", CHILD_MODULE, *argv], env=env, pass_fds=pass_fds,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr)
+
+
 def start(role: str, argv_without_fd, env: dict) -> None:
     """Start one child now (``argv_without_fd``: :func:`child_argv`'s list for fd -1)."""
     read_fd, write_fd = os.pipe()
@@ -87,9 +95,7 @@ def start(role: str, argv_without_fd, env: dict) -> None:
     argv[argv.index("--fd") + 1] = str(write_fd)
     stderr = tempfile.TemporaryFile()
     try:
-        proc = subprocess.Popen([sys.executable, "-m", CHILD_MODULE, *argv], env=env,
-                                pass_fds=(write_fd,), stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=stderr)
+        proc = spawn(argv, env, (write_fd,), stderr)
     except OSError:
         os.close(read_fd)
         stderr.close()

@@ -199,10 +199,7 @@ class ChildRun(threading.Thread):
                 if forks_children():
                     self.proc = ForkedChild(argv, (write_fd, *self.keep_fds), stderr, self.env)
                 else:
-                    self.proc = subprocess.Popen([sys.executable, "-m", early_start.CHILD_MODULE, *argv],
-                                                 env=self.env, pass_fds=(write_fd, *self.keep_fds),
-                                                 stdin=subprocess.DEVNULL,
-                                                 stdout=subprocess.PIPE, stderr=stderr)
+                    self.proc = early_start.spawn(argv, self.env, (write_fd, *self.keep_fds), stderr)
             finally:
                 os.close(write_fd)
         relay = threading.Thread(target=_relay, args=(self.proc.stdout, self.out), daemon=True)
