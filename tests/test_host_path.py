@@ -378,7 +378,7 @@ def test_kept_eager_launches_follow_a_replaced_tuning(monkeypatch):
         softmax_module.TUNING, single_block_max_cols=256, chunk_cols=64))
     for _ in range(2):
         torch.testing.assert_close(tw.softmax(x), torch.softmax(x, -1))
-    kept = [plan for _, plan in softmax_module._READY.values()]
+    kept = [ready[1] for ready in softmax_module._READY.values()]  # (dim, plan, ...)
     assert [plan.kernel for plan in kept] == [softmax_module.softmax_fwd_online_kernel]
 
 
@@ -394,3 +394,78 @@ def test_cross_entropy_mean_backward_divides_by_its_own_count():
     loss.backward()
     F.cross_entropy(ref, _LABELS).backward()
     torch.testing.assert_close(x.grad, ref.grad)
+
+
+# --------------------------------------------------------------------------------------------
+# The products, attention and linear_cross_entropy: a kept signature launches its kept plans,
+# and its autograd Function takes the forward that launches them (record_planned).
+# --------------------------------------------------------------------------------------------
+from triton_workshop.ops import attention as attention_module  # noqa: E402
+from triton_workshop.ops import layer_norm_linear as layer_norm_linear_module  # noqa: E402
+
+_LABELS16 = torch.tensor([3, 0, 7, -100, 1, 15], device=DEVICE)
+
+#: name -> (the registered op, ours(*tensors), torch's(*tensors), the tensors' shapes).
+_KEPT_PRODUCTS = {
+    "matmul": (matmul_module._matmul, lambda a, b: tw.matmul(a, b), torch.matmul,
+               [(6, 16), (16, 8)]),
+    "matmul_bias_relu": (matmul_module._matmul,
+                         lambda a, b, c: tw.matmul(a, b, bias=c, activation="relu"),
+                         lambda a, b, c: torch.relu(a @ b + c), [(6, 16), (16, 8), (8,)]),
+    "linear": (matmul_module._matmul, lambda x, w, b: tw.linear(x, w, b), F.linear,
+               [(6, 16), (8, 16), (8,)]),
+    "linear_3d": (matmul_module._matmul, lambda x, w: tw.linear(x, w), F.linear,
+                  [(2, 3, 16), (8, 16)]),
+    "attention": (attention_module.attention_forward,
+                  lambda q, k, v: tw.attention(q, k, v, causal=True),
+                  lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                  [(1, 2, 8, 16)] * 3),
+    "attention_3d": (attention_module.attention_forward,
+                     lambda q, k, v: tw.attention(q, k, v, window=3, softcap=20.0),
+                     lambda q, k, v: _windowed_softcapped(q, k, v, 3, 20.0), [(2, 8, 16)] * 3),
+    "layer_norm_linear": (layer_norm_linear_module.layer_norm_linear_forward,
+                          lambda x, g, b, w, c: tw.layer_norm_linear(x, g, b, w, c),
+                          lambda x, g, b, w, c: F.linear(F.layer_norm(x, (16,), g, b), w, c),
+                          [(2, 3, 16), (16,), (16,), (8, 16), (8,)]),
+    "linear_cross_entropy": (ce_module.linear_cross_entropy_forward,
+                             lambda x, w, b: ce_module.linear_cross_entropy(
+                                 x, w, _LABELS16, b, label_smoothing=0.1),
+                             lambda x, w, b: F.cross_entropy(F.linear(x, w, b), _LABELS16,
+                                                             label_smoothing=0.1),
+                             [(6, 16), (16, 16), (16,)]),
+    "linear_cross_entropy_sum": (ce_module.linear_cross_entropy_forward,
+                                 lambda x, w: ce_module.linear_cross_entropy(
+                                     x, w, _LABELS16, reduction="sum"),
+                                 lambda x, w: F.cross_entropy(F.linear(x, w), _LABELS16,
+                                                              reduction="sum"),
+                                 [(6, 16), (16, 16)]),
+}
+
+
+@pytest.mark.parametrize("name", list(_KEPT_PRODUCTS))
+def test_a_kept_signature_launches_its_plans_and_stays_right(name, monkeypatch):
+    op, ours, theirs, shapes = _KEPT_PRODUCTS[name]
+    planned = []
+    real = op.record_planned
+    monkeypatch.setattr(op, "record_planned", lambda *args: planned.append(1) or real(*args))
+    for step in range(3):
+        tensors = [_rand(*shape, seed=70 + 10 * step + i) for i, shape in enumerate(shapes)]
+        torch.testing.assert_close(ours(*tensors), theirs(*tensors), atol=1e-4, rtol=1e-4)
+        ours_grad = [t.clone().requires_grad_() for t in tensors]
+        theirs_grad = [t.clone().requires_grad_() for t in tensors]
+        out = ours(*ours_grad)
+        g = torch.randn_like(out)
+        out.backward(g)
+        theirs(*theirs_grad).backward(g)
+        for mine, want in zip(ours_grad, theirs_grad):
+            torch.testing.assert_close(mine.grad, want.grad, atol=1e-4, rtol=1e-4)
+    assert len(planned) == 3  # every call that recorded: its signature was kept before
+
+
+def _windowed_softcapped(q, k, v, window, softcap):
+    """attention's ``window`` (query i sees key j where i - j < window) and ``softcap``."""
+    scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    scores = softcap * torch.tanh(scores / softcap)
+    rows = torch.arange(q.shape[-2], device=q.device)
+    scores = scores.masked_fill(rows[:, None] - rows[None] >= window, float("-inf"))
+    return torch.softmax(scores, -1) @ v

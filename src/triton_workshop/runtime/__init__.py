@@ -53,6 +53,7 @@ from .registry import (  # noqa: E402
     RECORD,
     AutocastPolicy,
     RegisteredOp,
+    any_autocast,
     eager_backward,
     follows_autocast,
     launch_directly,
@@ -72,6 +73,7 @@ __all__ = [
     "num_warps_for", "row_tile", "shared_memory_limit",
     "FastLaunch", "PreparedLaunch", "device_guard", "fast_launcher", "launch_ready",
     "stub_launches",
-    "PLAIN", "RECORD", "AutocastPolicy", "RegisteredOp", "eager_backward", "follows_autocast",
+    "PLAIN", "RECORD", "AutocastPolicy", "RegisteredOp", "any_autocast", "eager_backward",
+    "follows_autocast",
     "launch_directly", "launch_kernel", "launching_directly", "register_op", "wrap_triton",
 ]

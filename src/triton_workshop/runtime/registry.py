@@ -91,6 +91,12 @@ def eager_backward() -> bool:
     return not (torch.is_grad_enabled() or _dispatch_modes() or _functorch_stack() is not None)
 
 
+def any_autocast() -> bool:
+    """Whether ``torch.autocast`` is on for any device type (one C call): where a backward that
+    calls registered ops would have them cast its operands."""
+    return _any_autocast()
+
+
 def launch_directly(launcher: Callable) -> Callable:
     """``launcher`` with its kernels launched straight away rather than through the
     traceable wrapper (for code that is not being traced)."""
@@ -338,6 +344,9 @@ class RegisteredOp:
     In that eager Function ``ctx.eager`` is True, so a ``setup_context`` can do work for the
     backward ahead of time, on the calling thread: CUDA backwards run on autograd's own device
     thread, where the same Python costs several times more (cold caches, a thread hand-off).
+    A public function that kept the plans of a call signature applies a subclass of it whose
+    forward launches them (:meth:`register_planned_forward`, :attr:`record_planned`): nothing
+    is looked up again between the public function and the launch, forward or backward.
 
     Under ``torch.autocast`` the eager path applies the op's :class:`AutocastPolicy` itself,
     before the autograd Function, where the dispatcher's ``Autocast<Device>`` kernel applies the
@@ -355,6 +364,7 @@ class RegisteredOp:
         #: ``self._function.apply`` without the Python layer in front of torch's C entry point.
         self._apply = None
         self.record = None
+        self.record_planned = None
         #: How this op follows ``torch.autocast`` (declared by ``register_op(autocast=...)``).
         self.autocast_policy = autocast_policy if autocast_policy is not None else AutocastPolicy()
         self._casts = bool(self.autocast_policy.rules)
@@ -391,6 +401,32 @@ class RegisteredOp:
         #: The eager autograd Function's apply, for a caller that :meth:`eager_path` sent down
         #: the ``RECORD`` path.
         self.record = self._apply
+
+    def register_planned_forward(self, forward: Callable, backward: Callable | None = None
+                                 ) -> None:
+        """Give :attr:`record_planned`: the eager autograd Function (after
+        :meth:`register_autograd`) with ``forward(ctx, *args)`` as its forward, for a public
+        function on the ``RECORD`` path that kept its plans for the call's signature (what
+        :meth:`__call__` would record, without working anything out again).
+
+        ``forward`` does what the launcher and ``setup_context`` do for such a call: allocate,
+        launch the kept plans, fill ``ctx`` for the op's backward. It takes the op's tensor
+        arguments at their positions, since the backward is the op's and its gradients match
+        the inputs by position (those past ``forward``'s arguments must be None: autograd
+        drops them); a later argument stands in for the kept plans. An op whose backward has no
+        gradient to spare (all its arguments tensors) gives ``backward``, the op's with one more
+        gradient, None, for the plans' argument."""
+        base = self._function
+
+        class EagerAutograd(base):  # base's name: the grad_fn's class name is unchanged
+            pass
+
+        EagerAutograd.forward = staticmethod(forward)
+        if backward is not None:
+            EagerAutograd.backward = staticmethod(backward)
+        EagerAutograd.__name__ = base.__name__
+        #: ``EagerAutograd.apply`` through torch's C entry point, as :attr:`record`.
+        self.record_planned = _c_apply(EagerAutograd)
 
     def eager_path(self, *args) -> int:
         """How :meth:`__call__` would run a call with these positional arguments: ``PLAIN`` (the

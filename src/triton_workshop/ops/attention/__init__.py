@@ -22,7 +22,7 @@ import triton
 
 from ... import runtime
 from ...runtime import FLOAT_DTYPES, register_op, wrap_triton
-from .._common import dropout_seed
+from .._common import UNKEYABLE, SignatureCache, dropout_seed
 from .checks import (
     OP_CALLS,
     PUBLIC_CALLS,
@@ -40,6 +40,7 @@ from .checks import (
 from .features import (
     MAX_HEAD_DIM,
     MIN_HEAD_DIM_PAD,
+    Features,
     common_args,
     head_dim_pad,
     lse_shape,
@@ -143,8 +144,7 @@ def attention_forward(
     features = check_op_inputs(q, k, v, causal, scale, key_padding_mask, window, softcap, sinks,
                                dropout_p, dropout_seed, cu_seqlens_q, cu_seqlens_k,
                                max_seqlen_q, max_seqlen_k)  # fmt: skip
-    batch, n_heads, n_q, _ = q.shape
-    n_kv_heads, n_k = k.shape[1], k.shape[2]
+    n_k = k.shape[2]
 
     out = torch.empty_like(q)
     lse = q.new_empty(lse_shape(q), dtype=torch.float32)
@@ -160,19 +160,26 @@ def attention_forward(
             lse.copy_(sinks.float()[None, :, None].expand_as(lse))
         return out, lse
 
-    rows_q, _ = features.rows(q, k)
-    grid = tile_grid(rows_q, n_heads * features.sequences(q), "BLOCK_M")
-    # A plain launch, not a LaunchPlan: attn_fwd_kernel is autotuned, so its tile, and with it
-    # the grid, is only known at launch.
+    grid, scalars, consts = _forward_launch(q, k, v, out, causal, scale, features)
+    # A plain launch, not a LaunchPlan: the features' tensors are the call's own (the eager
+    # path of a call without them keeps one: _kept_forward).
     with runtime.device_guard(q):
         wrap_triton(attn_fwd_kernel)[grid](
-            q, k, v, out, lse, *features.pointers(sinks=True),
-            *features.strides(q), *features.strides(k), *features.strides(v),
-            *features.strides(out), *features.mask_strides(),
-            n_heads, n_q, n_k, rows_q, n_heads // n_kv_heads, scale, *features.scalars(),
-            POSITIVE_SCALE=scale > 0, **common_args(q, k, causal, features),
-        )  # fmt: skip
+            q, k, v, out, lse, *features.pointers(sinks=True), *scalars, **consts)
     return out, lse
+
+
+def _forward_launch(q, k, v, out, causal, scale, features):
+    """attn_fwd_kernel's ``(grid, the arguments after q, k, v, out, lse and the features'
+    pointers, the constexprs)``. The grid is a function of the tile the autotuner chooses."""
+    n_heads, n_q = q.shape[1], q.shape[2]
+    n_kv_heads, n_k = k.shape[1], k.shape[2]
+    rows_q, _ = features.rows(q, k)
+    grid = tile_grid(rows_q, n_heads * features.sequences(q), "BLOCK_M")
+    scalars = (*features.strides(q), *features.strides(k), *features.strides(v),
+               *features.strides(out), *features.mask_strides(),
+               n_heads, n_q, n_k, rows_q, n_heads // n_kv_heads, scale, *features.scalars())
+    return grid, scalars, dict(POSITIVE_SCALE=scale > 0, **common_args(q, k, causal, features))
 
 
 @register_op("attention_backward", fake=_backward_fake)
@@ -203,8 +210,6 @@ def attention_backward(
                                dropout_p, dropout_seed, cu_seqlens_q, cu_seqlens_k,
                                max_seqlen_q, max_seqlen_k)  # fmt: skip
     OP_CALLS.checked(saved_key, check_saved, q, grad_out, out, lse)
-    batch, n_heads, n_q, head_dim = q.shape
-    n_kv_heads, n_k = k.shape[1], k.shape[2]
 
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dsinks = _dsinks_like(q, sinks)
@@ -214,37 +219,44 @@ def attention_backward(
         return dq.zero_(), dk.zero_(), dv.zero_(), dsinks.zero_()
 
     delta = torch.empty_like(lse)
-    common = common_args(q, k, causal, features)
-    group_size = n_heads // n_kv_heads
-    rows_q, rows_k = features.rows(q, k)
-    sequences = features.sequences(q)
-    scalars = (scale, *features.scalars())
-    strides = features.strides
     preprocess = _preprocess_plan(tuple(q.shape), out.stride(), grad_out.stride(), q.dtype, TUNING)
+    (dkdv_grid, dkdv_scalars), (dq_grid, dq_scalars), common = _backward_launches(
+        q, k, v, grad_out, dq, dk, dv, causal, scale, features)
+    pointers = features.pointers(sinks=False)
     with runtime.device_guard(q):
         preprocess.launch(out, grad_out, delta)
-        # Plain launches, not LaunchPlans: both kernels are autotuned, so their tiles, and with
-        # them the grids, are only known at launch.
-        wrap_triton(attn_bwd_dkdv_kernel)[tile_grid(rows_k, n_kv_heads * sequences, "BLOCK_N")](
-            q, k, v, grad_out, lse, delta, dk, dv, *features.pointers(sinks=False),
-            *strides(q), *strides(k), *strides(v), *strides(grad_out), *strides(dk), *strides(dv),
-            *features.mask_strides(),
-            n_heads, n_kv_heads, n_q, n_k, rows_k, group_size, *scalars,
-            **common,
-        )  # fmt: skip
-        wrap_triton(attn_bwd_dq_kernel)[tile_grid(rows_q, n_heads * sequences, "BLOCK_M")](
-            q, k, v, grad_out, lse, delta, dq, *features.pointers(sinks=False),
-            *strides(q), *strides(k), *strides(v), *strides(grad_out), *strides(dq),
-            *features.mask_strides(),
-            n_heads, n_q, n_k, rows_q, group_size, *scalars,
-            **common,
-        )  # fmt: skip
+        # Plain launches, not LaunchPlans: the features' tensors are the call's own (the eager
+        # path of a call without them keeps them: _kept_backward).
+        wrap_triton(attn_bwd_dkdv_kernel)[dkdv_grid](
+            q, k, v, grad_out, lse, delta, dk, dv, *pointers, *dkdv_scalars, **common)
+        wrap_triton(attn_bwd_dq_kernel)[dq_grid](
+            q, k, v, grad_out, lse, delta, dq, *pointers, *dq_scalars, **common)
     if sinks is not None:
         # The sink is a logit with no value: dL/dsink = Σ_rows P_sink · (0 - Δ), with
         # P_sink = exp(sink - lse) (rows are never empty with a sink: lse >= sink).
         p_sink = torch.exp(sinks.float()[None, :, None] - lse)
         dsinks.copy_(-(p_sink * delta).sum(dim=(0, 2)))
     return dq, dk, dv, dsinks
+
+
+def _backward_launches(q, k, v, grad_out, dq, dk, dv, causal, scale, features):
+    """attn_bwd_dkdv_kernel's and attn_bwd_dq_kernel's ``(grid, the arguments after their
+    tensors and the features' pointers)``, and the constexprs both take. Both kernels are
+    autotuned: their grids are functions of the tiles chosen."""
+    n_heads, n_q = q.shape[1], q.shape[2]
+    n_kv_heads, n_k = k.shape[1], k.shape[2]
+    group_size = n_heads // n_kv_heads
+    rows_q, rows_k = features.rows(q, k)
+    sequences = features.sequences(q)
+    scalars = (scale, *features.scalars())
+    strides = features.strides
+    dkdv = (tile_grid(rows_k, n_kv_heads * sequences, "BLOCK_N"), (
+        *strides(q), *strides(k), *strides(v), *strides(grad_out), *strides(dk), *strides(dv),
+        *features.mask_strides(), n_heads, n_kv_heads, n_q, n_k, rows_k, group_size, *scalars))
+    dq_launch = (tile_grid(rows_q, n_heads * sequences, "BLOCK_M"), (
+        *strides(q), *strides(k), *strides(v), *strides(grad_out), *strides(dq),
+        *features.mask_strides(), n_heads, n_q, n_k, rows_q, group_size, *scalars))
+    return dkdv, dq_launch, common_args(q, k, causal, features)
 
 
 #: attention_forward's arguments after q, k, v: their names, as ctx keeps them for the backward.
@@ -268,6 +280,10 @@ def _attention_backward(ctx, grad_out, grad_lse):
     n_inputs = 3 + len(_OPTIONS)
     if grad_out is None:  # the output did not reach the loss
         return (None,) * n_inputs
+    planned = getattr(ctx, "backward_plans", None)
+    if (planned is not None and grad_out.dtype is planned[0] and grad_out.stride() == planned[1]
+            and runtime.eager_backward()):
+        return (*_planned_backward(ctx, planned, grad_out), *(None,) * len(_OPTIONS))
     q, k, v, out, lse, *tensors = ctx.saved_tensors
     options = [t if t is not None else o for t, o in zip(tensors, ctx.options)]
     dq, dk, dv, dsinks = attention_backward(grad_out, q, k, v, out, lse, *options)
@@ -278,6 +294,90 @@ def _attention_backward(ctx, grad_out, grad_lse):
 
 
 attention_forward.register_autograd(_attention_backward, setup_context=_attention_setup_context)
+
+
+# --------------------------------------------------------------------------------------------
+# The eager path of a call without the features' tensors (no key padding mask, sinks, dropout
+# or packed sequences): the launches of its signature kept, forward and backward.
+# --------------------------------------------------------------------------------------------
+def _kept_forward(q, k, v, out, causal, scale, window, softcap, dropout_p):
+    """What :func:`_attention_ready` needs for (B, H, N, D) operands of these layouts, as
+    attention_forward launched them into ``out``: ``(the forward's plan, the options as
+    setup_context keeps them, the features, [the backward's plans, found at the first call
+    that records])``; False where attention_forward launches nothing (an empty q or k)."""
+    if out.numel() == 0 or k.shape[2] == 0:
+        return False
+    features = Features(None, window, softcap, None, dropout_p, None, None, None, 0, 0)
+    grid, scalars, consts = _forward_launch(q, k, v, out, causal, scale, features)
+    plan = runtime.LaunchPlan(attn_fwd_kernel, grid, (*features.pointers(sinks=True), *scalars),
+                              consts)  # pointers: all None
+    options = [causal, scale, None, window, softcap, None, dropout_p, None]
+    return plan, options, features, []
+
+
+def _kept_backward(q, k, v, out, causal: bool, scale: float, features):
+    """``(dtype, strides, preprocess, dkdv, dq)``: the backward's launches for the usual case
+    of an incoming gradient laid out like ``out`` (its dtype and strides)."""
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)  # their layouts
+    (dkdv_grid, dkdv_scalars), (dq_grid, dq_scalars), common = _backward_launches(
+        q, k, v, out, dq, dk, dv, causal, scale, features)
+    pointers = features.pointers(sinks=False)  # all None
+    return (out.dtype, out.stride(),
+            _preprocess_plan(tuple(q.shape), out.stride(), out.stride(), q.dtype, TUNING),
+            runtime.LaunchPlan(attn_bwd_dkdv_kernel, dkdv_grid, (*pointers, *dkdv_scalars), common),
+            runtime.LaunchPlan(attn_bwd_dq_kernel, dq_grid, (*pointers, *dq_scalars), common))
+
+
+def _attention_forward_planned(ctx, q, k, v, ready):
+    """The eager autograd forward of a kept signature (:func:`_attention_ready`'s ``RECORD``
+    path): attention_forward and :func:`_attention_setup_context` with the launches kept."""
+    plan, options, features, backward = ready
+    out = torch.empty_like(q)
+    lse = q.new_empty(lse_shape(q), dtype=torch.float32)
+    with runtime.device_guard(q):
+        plan.launch_eager(q, k, v, out, lse)
+    ctx.save_for_backward(q, k, v, out, lse, *(None,) * len(options))
+    ctx.options = options  # read, never changed
+    ctx.mark_non_differentiable(lse)
+    ctx.set_materialize_grads(False)
+    if not backward:
+        backward.append(_kept_backward(q, k, v, out, options[0], options[1], features))
+    ctx.backward_plans = backward[0]
+    return out, lse
+
+
+def _planned_backward(ctx, planned, grad_out):
+    """``(dq, dk, dv)`` with the launches the forward kept. Autograd runs a CUDA backward on
+    its device thread, already on q's device."""
+    q, k, v, out, lse = ctx.saved_tensors[:5]
+    _, _, preprocess, dkdv, dq_launch = planned
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    delta = torch.empty_like(lse)
+    preprocess.launch_eager(out, grad_out, delta)
+    dkdv.launch_eager(q, k, v, grad_out, lse, delta, dk, dv)
+    dq_launch.launch_eager(q, k, v, grad_out, lse, delta, dq)
+    return dq, dk, dv
+
+
+attention_forward.register_planned_forward(_attention_forward_planned)
+
+
+def _attention_ready(path, ready, q, k, v, three_d: bool) -> torch.Tensor:
+    """The attention of checked operands of a kept signature (:func:`_kept_forward`)."""
+    if three_d:
+        q, k, v = q[None], k[None], v[None]
+    if path == runtime.RECORD:
+        out = attention_forward.record_planned(q, k, v, ready)[0]
+    else:
+        out = torch.empty_like(q)
+        lse = q.new_empty(lse_shape(q), dtype=torch.float32)
+        with runtime.device_guard(q):
+            ready[0].launch_eager(q, k, v, out, lse)
+    return out[0] if three_d else out
+
+
+#: Eager calls' layouts and options (no features' tensors) -> :func:`_kept_forward`.
+_READY = SignatureCache()
 
 
 # --------------------------------------------------------------------------------------------
@@ -364,10 +464,26 @@ def attention(
     if cu_seqlens is not None:
         return _varlen_attention(q, k, v, causal, scale, key_padding_mask, window, softcap, sinks,
                                  dropout_p, cu_seqlens, max_seqlen, cu_seqlens_k, max_seqlen_k)
-    for name, value in (("max_seqlen", max_seqlen), ("cu_seqlens_k", cu_seqlens_k),
-                        ("max_seqlen_k", max_seqlen_k)):
-        if value is not None:
-            raise ValueError(f"{name} is for packed sequences: it needs cu_seqlens")
+    if max_seqlen is not None or cu_seqlens_k is not None or max_seqlen_k is not None:
+        for name, value in (("max_seqlen", max_seqlen), ("cu_seqlens_k", cu_seqlens_k),
+                            ("max_seqlen_k", max_seqlen_k)):
+            if value is not None:
+                raise ValueError(f"{name} is for packed sequences: it needs cu_seqlens")
+    path = key = ready = None
+    if key_padding_mask is None and sinks is None:
+        path = attention_forward.eager_path(q, k, v)
+    if path:  # an eager call of layouts seen before: straight to the launch
+        try:
+            key = (q.shape, q.stride(), q.dtype, q.device, q.layout,
+                   k.shape, k.stride(), k.dtype, k.device, k.layout,
+                   v.shape, v.stride(), v.dtype, v.device, v.layout,
+                   causal, type(causal), scale, type(scale), window, type(window),
+                   softcap, type(softcap), dropout_p, type(dropout_p))
+            ready = _READY.under(TUNING).get(key)
+        except UNKEYABLE:
+            key = None
+        if ready:
+            return _attention_ready(path, ready, q, k, v, q.dim() == 3)
     PUBLIC_CALLS.checked(public_key, check_public, q, k, v, causal, scale, key_padding_mask,
                          window, softcap, sinks, dropout_p)  # fmt: skip
     sm_scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
@@ -379,6 +495,9 @@ def attention(
     seed = dropout_seed(q.device) if dropout_p > 0 else None
     out, _ = attention_forward(q, k, v, causal, sm_scale, key_padding_mask, window,
                                _float_or_none(softcap), sinks, float(dropout_p), seed)
+    if key is not None and ready is None:  # not False: a call that launches nothing
+        _READY.remember(key, seed is None and _kept_forward(
+            q, k, v, out, causal, sm_scale, window, _float_or_none(softcap), float(dropout_p)))
     return out[0] if three_d else out
 
 

@@ -25,7 +25,7 @@ import torch
 
 from ... import runtime
 from ...runtime import FLOAT_DTYPES
-from .._common import UNKEYABLE, SignatureCache, join_family
+from .._common import UNKEYABLE, SignatureCache, join_family, layout_key
 from . import checks, linear, loss, plans, tuning
 from .checks import check_dense_tensor, check_linear_args, check_loss_args, loss_key
 from .kernels import cross_entropy_bwd_kernel, cross_entropy_fwd_kernel  # noqa: F401
@@ -100,17 +100,17 @@ def cross_entropy(
         except UNKEYABLE:
             ready = None
         if ready is not None:
-            checked_ignore, smoothing, plan = ready
+            plan, record = ready
             if path == runtime.RECORD:
-                return cross_entropy_forward.record(input, target, checked_ignore, reduction,
-                                                    smoothing, out_dtype,
-                                                    _grad_in_forward(input))[0]
+                return cross_entropy_forward.record_planned(input, target, record)[0]
             n_rows = input.shape[0]
             loss_rows = input.new_empty(n_rows, dtype=torch.float32)
             lse = input.new_empty(n_rows, dtype=torch.float32)
             with runtime.device_guard(input):  # lse stands in for what is never read
                 plan.launch_eager(input, target, lse, loss_rows, lse, lse)
-            return reduce_losses(loss_rows, target, checked_ignore, reduction, out_dtype)
+            # No count kept: no autograd Function will ask for it (see counted).
+            return reduce_losses(loss_rows, target, record[0], reduction, out_dtype,
+                                 keep_count=False)
     checked_ignore, smoothing = _CALLS.checked(
         loss_key, _check_cross_entropy, input, target, ignore_index, reduction, label_smoothing)
     device_type = "cuda" if input.is_cuda else "cpu"
@@ -131,7 +131,8 @@ def cross_entropy(
                             (input.dtype, target.dtype) + (torch.float32,) * 4, input.stride(),
                             target.stride(0), 0, checked_ignore, smoothing, False, False,
                             TUNING)
-        _READY.under(TUNING).remember(key, (checked_ignore, smoothing, plan))
+        _READY.under(TUNING).remember(key, (plan, (
+            checked_ignore, smoothing, reduction, out_dtype, _grad_in_forward(input), [])))
     return loss
 
 
@@ -141,8 +142,10 @@ def _grad_in_forward(input: torch.Tensor) -> bool:
     return TUNING.grad_in_forward and input.dtype is not torch.float16
 
 
-#: Eager calls' layouts, other arguments and loss dtype -> ``(ignore_index, label_smoothing,
-#: the forward's plan)`` for (N, C) logits that were checked.
+#: Eager calls' layouts, other arguments and loss dtype -> ``(the forward's plan without a
+#: gradient, what the eager autograd forward takes in place of the op's arguments:
+#: (ignore_index, label_smoothing, reduction, out_dtype, compute_grad, [its plans, found at the
+#: first call that records]))`` for (N, C) logits that were checked.
 _READY = SignatureCache()
 
 
@@ -187,7 +190,30 @@ def linear_cross_entropy(
     vocabulary blocks of it); for a mean or a sum the gradients of ``input``, ``weight`` and
     ``bias`` are computed in the forward, so the backward only scales them.
     Returns the fp32 loss (for "none" of ``target``'s shape). Traceable by ``torch.compile``."""
-    ignore_index, label_smoothing = _LINEAR_CALLS.checked(
+    path = linear_cross_entropy_forward.eager_path(input, weight, target, bias)
+    key = ready = None
+    if path:  # an eager call of layouts seen before: straight to the launch
+        try:
+            key = (input.shape, input.stride(), input.dtype, input.device, input.layout,
+                   weight.shape, weight.stride(), weight.dtype, weight.device, weight.layout,
+                   target.shape, target.stride(), target.dtype, target.device, target.layout,
+                   None if bias is None else (bias.shape, bias.stride(), *layout_key(bias)[1:]),
+                   ignore_index, type(ignore_index), reduction, type(reduction), label_smoothing,
+                   type(label_smoothing))
+            ready = _LINEAR_READY.under(TUNING).get(key)
+        except UNKEYABLE:
+            key = None
+    if ready and (path == runtime.PLAIN or reduction != "none"):
+        rows = input if input.dim() == 2 else input.reshape(-1, input.shape[-1])
+        tokens = target if target.dim() == 1 else target.reshape(-1)
+        if path == runtime.RECORD:
+            loss = linear_cross_entropy_forward.record_planned(rows, weight, tokens, bias,
+                                                               ready)[0]
+        else:
+            loss = linear.one_chunk_forward(rows, weight, tokens, bias, ready[0], reduction,
+                                            ready[1], None, ready[3])
+        return loss.view(target.shape) if reduction == "none" else loss
+    ignore_index_, label_smoothing_ = _LINEAR_CALLS.checked(
         loss_key, _check_linear_cross_entropy, input, weight, target, bias, ignore_index,
         reduction, label_smoothing)
     grad = torch.is_grad_enabled()
@@ -196,9 +222,19 @@ def linear_cross_entropy(
     # Tokens as rows (already so for 2-d input and 1-d target: no reshape calls).
     rows = input if input.dim() == 2 else input.reshape(-1, input.shape[-1])
     loss, *_ = linear_cross_entropy_forward(
-        rows, weight, target if target.dim() == 1 else target.reshape(-1), bias, ignore_index,
-        reduction, label_smoothing, *need)
+        rows, weight, target if target.dim() == 1 else target.reshape(-1), bias, ignore_index_,
+        reduction, label_smoothing_, *need)
+    if key is not None and ready is None:  # checked: kept where the tokens fit one chunk
+        _LINEAR_READY.remember(key, rows.shape[0] > 0 and linear.one_chunk(
+            rows.shape[0], weight.shape[0], rows.dtype.itemsize) and (
+                ignore_index_, label_smoothing_, reduction, {}))
     return loss.view(target.shape) if reduction == "none" else loss
+
+
+#: linear_cross_entropy's eager calls' layouts and other arguments -> ``(ignore_index,
+#: label_smoothing, reduction, the block kernel's plans by whether it makes the gradient)``
+#: where the tokens fit one chunk of whole rows (:func:`.linear.one_chunk`), else False.
+_LINEAR_READY = SignatureCache()
 
 
 #: linear_cross_entropy's checked call signatures -> ``(ignore_index, label_smoothing)`` as

@@ -20,6 +20,7 @@ from .plans import (
     SCALE_BY_ROW,
     SCALE_NONE,
     applied_scale,
+    block_forward_plan_for,
     count_valid,
     launch_block_forward,
     launch_block_grad,
@@ -364,3 +365,70 @@ def _linear_backward_autograd(ctx, grad_loss, _grad_lse, *grads_of_grads):
 linear_cross_entropy_forward.register_autograd(
     _linear_backward_autograd, setup_context=_linear_setup_context
 )
+
+
+# --------------------------------------------------------------------------------------------
+# The eager path of a kept signature whose tokens fit one chunk of whole rows.
+# --------------------------------------------------------------------------------------------
+def one_chunk(n_tokens: int, n_vocab: int, itemsize: int) -> bool:
+    """Whether :func:`chunk_plan` takes all the tokens in one chunk of whole rows (the chunk
+    loop's one step: :func:`one_chunk_forward`)."""
+    plan = chunk_plan(n_tokens, n_vocab, itemsize)
+    return plan.blocks == 1 and plan.rows >= n_tokens
+
+
+def one_chunk_forward(x, weight, target, bias, ignore_index, reduction, smoothing, need,
+                      plans: dict):
+    """:func:`linear_cross_entropy_forward`'s outputs (``need`` given: the loss alone, without
+    autograd) for tokens that fit one chunk of whole rows (:func:`one_chunk`): the chunk loop's
+    one step, with the block kernel's plan kept in ``plans`` by whether it makes the gradient."""
+    n_rows = x.shape[0]
+    loss_rows = x.new_empty(n_rows, dtype=torch.float32)
+    lse = x.new_empty(n_rows, dtype=torch.float32)
+    in_forward = reduction != "none"
+    if need is not None:
+        need = (need[0] and in_forward, need[1] and in_forward,
+                need[2] and in_forward and bias is not None)
+        grads = new_grads(x, weight, bias, need)
+        compute_grad = need[0] or need[1] or need[2]
+    else:
+        compute_grad = False
+    count = count_valid(target, ignore_index) if reduction == "mean" else None
+    # As the chunk loop makes and reads them (see _linear_cross_entropy_chunks).
+    logits = F.linear(x, weight, bias)
+    plan = plans.get(compute_grad)
+    counted = count if compute_grad else None
+    if plan is None:
+        plan = plans[compute_grad] = block_forward_plan_for(
+            logits, target, loss_rows, lse, 0, weight.shape[0], ignore_index, smoothing, True,
+            True, compute_grad, counted)[0]
+    with runtime.device_guard(logits):
+        plan.launch_eager(logits, target, lse if counted is None else counted, loss_rows, lse)
+    if compute_grad:
+        _add_products(logits, x, weight, grads, (0, n_rows), None, True, True)
+    del logits
+    loss = reduce_losses(loss_rows, target, ignore_index, reduction, count=count)
+    if need is None:
+        return loss
+    return (loss, lse, *_finish_grads(grads, x, bias))
+
+
+def _linear_forward_planned(ctx, x, weight, target, bias, ready):
+    """The eager autograd forward of a kept one-chunk signature, for a mean or a sum (the
+    public function's ``RECORD`` path): :func:`linear_cross_entropy_forward` and
+    :func:`_linear_setup_context` with the block's plans kept. ``ready``: ``(ignore_index,
+    label_smoothing, reduction, the plans)``."""
+    ignore_index, smoothing, reduction, plans = ready
+    need = (x.requires_grad, weight.requires_grad, bias is not None and bias.requires_grad)
+    loss, lse, grad_x, grad_w, grad_b = one_chunk_forward(
+        x, weight, target, bias, ignore_index, reduction, smoothing, need, plans)
+    # As _linear_setup_context for an eager mean or sum.
+    ctx.mark_non_differentiable(lse)  # the gradients stay differentiable
+    ctx.set_materialize_grads(False)
+    ctx.reduction, ctx.need = reduction, need
+    ctx.save_for_backward(grad_x, grad_w, grad_b)
+    ctx.applied = [None, None, None]  # see applied_scale
+    return loss, lse, grad_x, grad_w, grad_b
+
+
+linear_cross_entropy_forward.register_planned_forward(_linear_forward_planned)

@@ -15,6 +15,7 @@ from .plans import (
     backward_plan_for,
     count_valid,
     counted,
+    forward_plan_for,
     grad_scale,
     launch_backward,
     launch_forward,
@@ -140,7 +141,21 @@ def cross_entropy_scale_grad(
 def _cross_entropy_setup_context(ctx, inputs, output):
     x, target, ignore_index, reduction, label_smoothing, _, compute_grad = inputs
     loss, lse, grad = output
-    if compute_grad and getattr(ctx, "eager", False):
+    eager = getattr(ctx, "eager", False)
+    planned = None
+    if eager and x.shape[0] and reduction != "none":
+        planned = _eager_backward_plan(x, target, lse, grad, loss, ignore_index,
+                                       label_smoothing, compute_grad)
+    _save_for_backward(ctx, x, target, lse, grad, loss, ignore_index, reduction,
+                       label_smoothing, compute_grad, eager, planned,
+                       counted(loss) if planned is not None and reduction == "mean" else None)
+
+
+def _save_for_backward(ctx, x, target, lse, grad, loss, ignore_index, reduction,
+                       label_smoothing, compute_grad, eager, planned, count):
+    """What the backward reads, on ``ctx``: ``planned`` is the eager backward's plan (None:
+    not an eager call, or no plan for its reduction), ``count`` a mean's count of targets."""
+    if compute_grad and eager:
         # ``grad`` stays differentiable (see :func:`refuse_double_backward`).
         ctx.mark_non_differentiable(lse)
     else:
@@ -148,32 +163,70 @@ def _cross_entropy_setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)  # no zeros built for the outputs nobody differentiates
     ctx.loss_args = (ignore_index, reduction, label_smoothing)
     ctx.from_grad = compute_grad
-    n_rows, n_cols = x.shape
-    eager = getattr(ctx, "eager", False) and n_rows and reduction != "none"
     if compute_grad:
         # The gradient, not the logits: the caller's logits may be freed after the forward.
         ctx.save_for_backward(grad, target)
         ctx.applied = [None]  # see applied_scale
-        if eager:
-            # The first backward's plan, found now on the calling thread (a mean or a sum: one
-            # incoming gradient, 0-d, of the loss's dtype; in place).
+        if planned is not None:
             ctx.scale_dtype = loss.dtype
-            ctx.backward_plan = backward_plan(
-                n_rows, n_cols, (grad.dtype, target.dtype, grad.dtype, loss.dtype, grad.dtype),
-                grad.stride(), target.stride(0), grad.stride(0), 0, n_cols, ignore_index, 0.0,
-                True, False, True, TUNING)
+            ctx.backward_plan = planned
         return
     # The logits themselves: saving a tensor that exists costs no memory.
     ctx.save_for_backward(x, target, lse)
-    if eager:
-        # The backward's plan, found now on the calling thread (a mean or a sum: one scale for
-        # every row, a 0-d tensor; dx contiguous): the backward then only allocates and launches.
-        ctx.backward_plan = backward_plan(
-            n_rows, n_cols, (x.dtype, target.dtype, lse.dtype, torch.float32, x.dtype),
-            x.stride(), target.stride(0), 1, 0, n_cols, ignore_index, label_smoothing,
-            False, False, False, TUNING)
+    if planned is not None:
+        ctx.backward_plan = planned
         # A mean's count of targets, from the forward: not counted again in the backward.
-        ctx.count = counted(loss) if reduction == "mean" else None
+        ctx.count = count
+
+
+def _eager_backward_plan(x, target, lse, grad, loss, ignore_index, label_smoothing,
+                         compute_grad):
+    """The first eager backward's plan for a mean or a sum, found on the calling thread: the
+    backward then only allocates and launches. From the forward's gradient: one incoming
+    gradient, 0-d, of the loss's dtype, applied in place; recomputed: one scale for every row, a
+    0-d tensor, dx contiguous."""
+    n_rows, n_cols = x.shape
+    if compute_grad:
+        return backward_plan(
+            n_rows, n_cols, (grad.dtype, target.dtype, grad.dtype, loss.dtype, grad.dtype),
+            grad.stride(), target.stride(0), grad.stride(0), 0, n_cols, ignore_index, 0.0,
+            True, False, True, TUNING)
+    return backward_plan(
+        n_rows, n_cols, (x.dtype, target.dtype, lse.dtype, torch.float32, x.dtype),
+        x.stride(), target.stride(0), 1, 0, n_cols, ignore_index, label_smoothing,
+        False, False, False, TUNING)
+
+
+def _cross_entropy_forward_planned(ctx, x, target, ready):
+    """The eager autograd forward of a kept signature (the public function's ``RECORD`` path,
+    (N, C) logits): :func:`cross_entropy_forward` and :func:`_cross_entropy_setup_context` with
+    the plans kept for it, found at the first such call. ``ready``: ``(ignore_index,
+    label_smoothing, reduction, out_dtype, compute_grad, [(forward plan, backward plan)])``."""
+    ignore_index, smoothing, reduction, out_dtype, compute_grad, record = ready
+    n_rows = x.shape[0]
+    loss_rows = x.new_empty(n_rows, dtype=torch.float32)
+    lse = x.new_empty(n_rows, dtype=torch.float32)
+    count = count_valid(target, ignore_index) if reduction == "mean" else None
+    grad = x.new_empty(x.shape) if compute_grad else x.new_empty(0)
+    if record:
+        plan, planned = record[0]
+        tensors = ((x, target, lse if count is None else count, loss_rows, lse, grad)
+                   if compute_grad else (x, target, lse, loss_rows, lse, lse))
+    else:
+        plan, tensors = forward_plan_for(x, target, loss_rows, lse, ignore_index, smoothing,
+                                         grad if compute_grad else None,
+                                         count if compute_grad else None)
+    with runtime.device_guard(x):
+        plan.launch_eager(*tensors)
+    loss = reduce_losses(loss_rows, target, ignore_index, reduction, out_dtype, count,
+                         keep_count=False)
+    if not record:
+        planned = None if reduction == "none" else _eager_backward_plan(
+            x, target, lse, grad, loss, ignore_index, smoothing, compute_grad)
+        record.append((plan, planned))
+    _save_for_backward(ctx, x, target, lse, grad, loss, ignore_index, reduction, smoothing,
+                       compute_grad, True, planned, count)
+    return loss, lse, grad
 
 
 def _cross_entropy_backward_planned(plan, grad_loss, x, target, lse, ignore_index, reduction,
@@ -227,3 +280,4 @@ def _cross_entropy_backward_autograd(ctx, grad_loss, _grad_lse, grad_of_grad):
 cross_entropy_forward.register_autograd(
     _cross_entropy_backward_autograd, setup_context=_cross_entropy_setup_context
 )
+cross_entropy_forward.register_planned_forward(_cross_entropy_forward_planned)

@@ -69,14 +69,22 @@ def launch_forward(x, target, loss_rows, lse, ignore_index, smoothing, grad=None
     """Per-row loss and lse of ``x`` (n_rows > 0). With ``grad`` (contiguous rows, possibly
     ``x`` itself) each row's gradient is written there, divided by ``count`` (a mean's count
     of targets) where given. ``lse`` stands in for the tensors not given: never read."""
+    plan, tensors = forward_plan_for(x, target, loss_rows, lse, ignore_index, smoothing, grad,
+                                     count)
+    with runtime.device_guard(x):
+        plan.launch(*tensors)
+
+
+def forward_plan_for(x, target, loss_rows, lse, ignore_index, smoothing, grad=None, count=None
+                     ) -> tuple[LaunchPlan, tuple]:
+    """The plan of :func:`launch_forward`'s launch, and the tensors it launches."""
     compute_grad = grad is not None
     tensors = (x, target, lse if count is None else count, loss_rows, lse,
                grad if compute_grad else lse)
     plan = forward_plan(x.shape[0], x.shape[1], tuple([t.dtype for t in tensors]), x.stride(),
                         target.stride(0), grad.stride(0) if compute_grad else 0, ignore_index,
                         smoothing, compute_grad, count is not None, TUNING)
-    with runtime.device_guard(x):
-        plan.launch(*tensors)
+    return plan, tensors
 
 
 def backward_plan_for(x, target, lse, scale, dx, ignore_index, smoothing, from_grad=False,
@@ -139,13 +147,23 @@ def launch_block_forward(logits, target, loss_rows, lse, col_start, n_classes, i
     ``[col_start, col_start + logits.shape[1])`` of ``n_classes``); with ``compute_grad`` the
     ``last`` block's logits become their gradient, divided by ``count`` where given (a mean).
     ``lse`` stands in for a count not given: never read."""
+    plan, tensors = block_forward_plan_for(logits, target, loss_rows, lse, col_start, n_classes,
+                                           ignore_index, smoothing, first, last, compute_grad,
+                                           count)
+    with runtime.device_guard(logits):
+        plan.launch(*tensors)
+
+
+def block_forward_plan_for(logits, target, loss_rows, lse, col_start, n_classes, ignore_index,
+                           smoothing, first, last, compute_grad, count=None
+                           ) -> tuple[LaunchPlan, tuple]:
+    """The plan of :func:`launch_block_forward`'s launch, and the tensors it launches."""
     tensors = (logits, target, lse if count is None else count, loss_rows, lse)
     plan = block_forward_plan(logits.shape[0], logits.shape[1],
                               tuple([t.dtype for t in tensors]), logits.stride(0),
                               target.stride(0), col_start, n_classes, ignore_index, smoothing,
                               first, last, compute_grad, count is not None, TUNING)
-    with runtime.device_guard(logits):
-        plan.launch(*tensors)
+    return plan, tensors
 
 
 def launch_block_grad(logits, target, lse, col_start, n_classes, ignore_index, smoothing,

@@ -122,7 +122,21 @@ def _add_backward(ctx, grad):
     return grad, grad
 
 
+def _add_forward_planned(ctx, x, y, plan):
+    """The eager autograd forward of a kept signature (:func:`_run_ready`'s ``RECORD`` path):
+    :func:`_add` with its plan kept."""
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    with runtime.device_guard(x):
+        plan.launch_eager(x, y, out)
+    return out
+
+
+def _add_backward_planned(ctx, grad):
+    return grad, grad, None  # None: the plan's
+
+
 _add.register_autograd(_add_backward)
+_add.register_planned_forward(_add_forward_planned, _add_backward_planned)
 
 
 def _mul_add_sqrt_setup(ctx, inputs, output):
@@ -137,7 +151,22 @@ def _mul_add_sqrt_backward(ctx, grad):
     return g * b, g * a, g
 
 
+def _mul_add_sqrt_forward_planned(ctx, a, b, c, plan):
+    """As :func:`_add_forward_planned`, for :func:`_fused_mul_add_sqrt` and its setup."""
+    out = torch.empty_like(a, memory_format=torch.contiguous_format)
+    with runtime.device_guard(a):
+        plan.launch_eager(a, b, c, out)
+    ctx.save_for_backward(a, b, out)
+    return out
+
+
+def _mul_add_sqrt_backward_planned(ctx, grad):
+    return (*_mul_add_sqrt_backward(ctx, grad), None)  # None: the plan's
+
+
 _fused_mul_add_sqrt.register_autograd(_mul_add_sqrt_backward, setup_context=_mul_add_sqrt_setup)
+_fused_mul_add_sqrt.register_planned_forward(_mul_add_sqrt_forward_planned,
+                                             _mul_add_sqrt_backward_planned)
 
 
 def _ready_key(kernel, tensors: tuple):
@@ -160,7 +189,7 @@ def _run_ready(op, kernel, tensors: tuple):
             plan = None
         if plan is not None:
             if path == runtime.RECORD:
-                return path, op.record(*tensors)
+                return path, op.record_planned(*tensors, plan)
             first = tensors[0]
             out = torch.empty_like(first, memory_format=torch.contiguous_format)
             with runtime.device_guard(first):

@@ -188,14 +188,33 @@ def _glu_setup_context(ctx, inputs, output):
     # The inputs, not act(gate): the backward recomputes it (one tensor less kept alive).
     ctx.save_for_backward(gate, up)
     ctx.activation = activation
-    if (getattr(ctx, "eager", False) and output.numel() and gate.is_contiguous()
-            and up.is_contiguous()):
-        # The backward's plan, found now on the calling thread for the usual case of a
-        # contiguous gradient of the output's dtype (``output`` stands in for it: its shape,
-        # strides and dtype): the backward then only allocates and launches.
-        plan, _ = _find_plan(glu_bwd_kernel, (output, gate, up), (gate.dtype, up.dtype),
-                             ACTIVATIONS[activation])
-        ctx.backward_plan = plan, output.dtype
+    if getattr(ctx, "eager", False):
+        ctx.backward_plan = _planned_backward(gate, up, output, activation)
+
+
+def _planned_backward(gate, up, output, activation: str):
+    """``(plan, dtype)`` of the backward's launch for the usual case of a contiguous gradient of
+    the output's dtype (``output`` stands in for it: its shape, strides and dtype), found on the
+    calling thread: the backward then only allocates and launches. None where the operands are
+    not contiguous (the backward's registered op then works it out)."""
+    if not (output.numel() and gate.is_contiguous() and up.is_contiguous()):
+        return None
+    plan, _ = _find_plan(glu_bwd_kernel, (output, gate, up), (gate.dtype, up.dtype),
+                         ACTIVATIONS[activation])
+    return plan, output.dtype
+
+
+def _glu_forward_planned(ctx, gate, up, ready):
+    """The eager autograd forward of a kept signature (:func:`_glu`'s ``RECORD`` path):
+    :func:`glu_forward` and :func:`_glu_setup_context` with the plans kept for it."""
+    activation, plan, out_dtype, backward_plan = ready
+    out = torch.empty_like(gate, dtype=out_dtype, memory_format=torch.contiguous_format)
+    with runtime.device_guard(gate):
+        plan.launch_eager(gate, up, out)
+    ctx.save_for_backward(gate, up)
+    ctx.activation = activation
+    ctx.backward_plan = backward_plan
+    return out
 
 
 def _glu_backward_planned(plan, dout, gate, up):
@@ -219,6 +238,7 @@ def _glu_backward_autograd(ctx, dout):
 
 
 glu_forward.register_autograd(_glu_backward_autograd, setup_context=_glu_setup_context)
+glu_forward.register_planned_forward(_glu_forward_planned)
 
 
 # --------------------------------------------------------------------------------------------
@@ -255,8 +275,9 @@ def _ready_key(gate, up, approximate):
             up.stride(), up.dtype, up.device, up.layout, approximate, type(approximate))
 
 
-#: Eager calls' :func:`_ready_key` -> ``(activation, the forward's plan, the output's dtype)``
-#: for operands that were checked and launch as they are.
+#: Eager calls' :func:`_ready_key` -> ``(activation, the forward's plan, the output's dtype,
+#: the backward's (:func:`_planned_backward`))`` for operands that were checked and launch as
+#: they are.
 _READY = SignatureCache()
 
 
@@ -274,9 +295,9 @@ def _glu(gate, up, approximate) -> torch.Tensor:
         except UNKEYABLE:
             ready = None
         if ready is not None:
-            activation, plan, out_dtype = ready
             if path == runtime.RECORD:
-                return glu_forward.record(gate, up, activation)
+                return glu_forward.record_planned(gate, up, ready)
+            _, plan, out_dtype, _ = ready
             out = torch.empty_like(gate, dtype=out_dtype, memory_format=torch.contiguous_format)
             with runtime.device_guard(gate):
                 plan.launch_eager(gate, up, out)
@@ -294,8 +315,9 @@ def _glu(gate, up, approximate) -> torch.Tensor:
     if path and out.numel():
         plan, reshape, out_dtype = _forward_launch(gate, up, ACTIVATIONS[activation])
         if not reshape:
-            _READY.under(TUNING).remember(_ready_key(gate, up, approximate),
-                                          (activation, plan, out_dtype))
+            _READY.under(TUNING).remember(
+                _ready_key(gate, up, approximate),
+                (activation, plan, out_dtype, _planned_backward(gate, up, out, activation)))
     return out
 
 

@@ -377,13 +377,44 @@ def _layer_norm_setup_context(ctx, inputs, output):
     n_rows, n_cols = rows_cols(x, norm_ndim)
     if getattr(ctx, "eager", False) and n_rows and n_cols and x.is_contiguous() and (
             weight is None or weight.is_contiguous()):
-        # The backward's plan, found now on the calling thread for the usual case of a
-        # contiguous gradient of x's dtype: the backward then only allocates and launches.
-        dw_dtype, db_dtype = _grad_dtypes(x, weight, ctx.bias_dtype)
-        ctx.backward_plan = (_find_backward_plan(
-            n_rows, n_cols, x.dtype, x.dtype, (weight if weight is not None else x).dtype,
-            dw_dtype, db_dtype, weight is not None, tuple(ctx.needs_input_grad[:3]), x.device),
-            n_cols, dw_dtype, db_dtype)
+        ctx.backward_plan = _planned_backward(x, weight, ctx.bias_dtype, n_rows, n_cols,
+                                              tuple(ctx.needs_input_grad[:3]))
+
+
+def _planned_backward(x, weight, bias_dtype, n_rows, n_cols, need):
+    """The backward's plan for the usual case of a contiguous gradient of x's dtype (x and the
+    weight contiguous), found on the calling thread: the backward then only allocates and
+    launches."""
+    dw_dtype, db_dtype = _grad_dtypes(x, weight, bias_dtype)
+    return (_find_backward_plan(
+        n_rows, n_cols, x.dtype, x.dtype, (weight if weight is not None else x).dtype,
+        dw_dtype, db_dtype, weight is not None, need, x.device), n_cols, dw_dtype, db_dtype)
+
+
+def _layer_norm_forward_planned(ctx, x, weight, bias, ready, _eps):
+    """The eager autograd forward of a kept signature (:func:`layer_norm`'s ``RECORD`` path):
+    :func:`layer_norm_forward` and :func:`_layer_norm_setup_context` with the plans kept for
+    it (the backward's by which inputs need a gradient, found at the first such call)."""
+    norm_ndim, _, n_rows, plan, backward_plans = ready
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    stats = stats_dtype(x.dtype)
+    mean = x.new_empty(n_rows, dtype=stats)
+    rstd = x.new_empty(n_rows, dtype=stats)
+    with runtime.device_guard(x):
+        plan.launch_eager(x, weight if weight is not None else x,
+                          bias if bias is not None else x, y, mean, rstd)
+    ctx.mark_non_differentiable(mean, rstd)
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(x, weight, mean, rstd)
+    ctx.norm_ndim = norm_ndim
+    ctx.bias_dtype = bias.dtype if bias is not None else None
+    need = ctx.needs_input_grad[:3]
+    planned = backward_plans.get(need)
+    if planned is None:
+        planned = backward_plans[need] = _planned_backward(
+            x, weight, ctx.bias_dtype, *rows_cols(x, norm_ndim), need)
+    ctx.backward_plan = planned
+    return y, mean, rstd
 
 
 @runtime.launch_directly
@@ -418,6 +449,7 @@ def _layer_norm_backward_autograd(ctx, dy, _dmean, _drstd):
 layer_norm_forward.register_autograd(
     _layer_norm_backward_autograd, setup_context=_layer_norm_setup_context
 )
+layer_norm_forward.register_planned_forward(_layer_norm_forward_planned)
 
 
 # --------------------------------------------------------------------------------------------
@@ -440,9 +472,9 @@ def layer_norm(
         except UNKEYABLE:
             ready = None
         if ready is not None:
-            norm_ndim, checked_eps, n_rows, plan = ready
             if path == runtime.RECORD:
-                return layer_norm_forward.record(x, weight, bias, norm_ndim, checked_eps)[0]
+                return layer_norm_forward.record_planned(x, weight, bias, ready, eps)[0]
+            _, _, n_rows, plan, _ = ready
             y = torch.empty_like(x, memory_format=torch.contiguous_format)
             stats = stats_dtype(x.dtype)
             mean = x.new_empty(n_rows, dtype=stats)
@@ -457,13 +489,21 @@ def layer_norm(
     n_rows, n_cols = rows_cols(x, norm_ndim)
     if path and n_rows and n_cols and x.is_contiguous() and all(
             t is None or t.is_contiguous() for t in (weight, bias)):
-        w = weight if weight is not None else x
-        b = bias if bias is not None else x
-        plan = _find_forward_plan(n_rows, n_cols, checked_eps, (x.dtype, w.dtype, b.dtype),
-                                  weight is not None, bias is not None)
+        plan = forward_plan(n_rows, n_cols, checked_eps, x, weight, bias)
         _READY.under(TUNING).remember(_ready_key(x, normalized_shape, weight, bias, eps),
-                                      (norm_ndim, checked_eps, n_rows, plan))
+                                      (norm_ndim, checked_eps, n_rows, plan, {}))
     return y
+
+
+def forward_plan(n_rows: int, n_cols: int, eps: float, x, weight, bias) -> LaunchPlan:
+    """The forward's plan for checked, contiguous ``x`` (``n_rows`` x ``n_cols``, neither 0)
+    and ``weight``, ``bias`` (or None), for a caller that keeps it (:func:`layer_norm`'s eager
+    path, layer_norm_linear's). Launched as ``plan.launch_eager(x, weight or x, bias or x, y,
+    mean, rstd)``, ``y`` like ``x``, ``mean`` and ``rstd`` one a row (:func:`stats_dtype`)."""
+    w = weight if weight is not None else x
+    b = bias if bias is not None else x
+    return _find_forward_plan(n_rows, n_cols, eps, (x.dtype, w.dtype, b.dtype),
+                              weight is not None, bias is not None)
 
 
 def _ready_key(x, normalized_shape, weight, bias, eps):
@@ -473,8 +513,8 @@ def _ready_key(x, normalized_shape, weight, bias, eps):
             (bias.stride(), *layout_key(bias)) if bias is not None else None, eps, type(eps))
 
 
-#: Eager calls' :func:`_ready_key` -> ``(norm_ndim, eps, rows, the forward's plan)`` for
-#: contiguous operands that were checked.
+#: Eager calls' :func:`_ready_key` -> ``(norm_ndim, eps, rows, the forward's plan, the
+#: backward's by which inputs need a gradient)`` for contiguous operands that were checked.
 _READY = SignatureCache()
 
 

@@ -18,7 +18,14 @@ import torch
 
 from ... import runtime
 from ...runtime import FLOAT_DTYPES, register_op
-from .._common import FamilyPackage, dropout_seed, join_family
+from .._common import (
+    UNKEYABLE,
+    FamilyPackage,
+    SignatureCache,
+    dropout_seed,
+    join_family,
+    layout_key,
+)
 from . import dropout, kernels, operands, product, tma, tuning
 from .dropout import dropout_keep_mask as dropout_keep_mask
 from .dropout import dropout_scaled, matmul_dropout_backward
@@ -32,7 +39,13 @@ from .kernels import (
     pad_copy_kernel,
     prune_configs,
 )
-from .product import input_precision, launch_matmul, out_shape, tf32_enabled
+from .product import (
+    input_precision,
+    launch_matmul,
+    out_shape,
+    product_plan,
+    tf32_enabled,
+)
 from .tuning import TUNING, MatmulTuning
 
 __all__ = [
@@ -152,7 +165,56 @@ def _matmul_backward(ctx, grad):
         # The mask is redrawn from the seed, never stored (see dropout_scale_kernel).
         grad = matmul_dropout_backward(grad, seed, ctx.dropout_p)
     grad_z = _preactivation_grad(ctx, grad, a, b, bias, out)
-    grad_a = grad_b = grad_bias = None
+    planned = getattr(ctx, "backward_plans", None)
+    # Not under autocast: there the registered op casts the backward's operands.
+    if (planned is not None and grad_z.dtype is a.dtype and grad_z.stride() == planned[0]
+            and runtime.eager_backward() and not runtime.any_autocast()):
+        grad_a, grad_b = _planned_products(ctx, planned, grad_z, a, b)
+    else:
+        grad_a, grad_b = _products(ctx, grad_z, a, b)
+    grad_bias = None
+    if bias is not None and ctx.needs_input_grad[2]:
+        rows = 0 if grad_z.dim() == 2 else tuple(range(grad_z.dim() - 1))
+        grad_bias = grad_z.sum(dim=rows, dtype=torch.float32)
+        if bias.dtype is not torch.float32:
+            grad_bias = grad_bias.to(bias.dtype)
+    return grad_a, grad_b, grad_bias, None, None, None, None
+
+
+def _planned_products(ctx, planned, grad_z, a, b):
+    """The backward's products of a 2-D product with the plans its eager forward found
+    (:func:`_backward_plans`): only allocations and launches. Autograd runs a CUDA backward on
+    its device thread, already on the operands' device."""
+    _, plan_a, plan_b = planned
+    grad_a = grad_b = None
+    if ctx.needs_input_grad[0]:
+        if plan_a is None:
+            grad_a = _matmul(grad_z, b.t(), None, "none", 0.0)
+        else:
+            grad_a = grad_z.new_empty(a.shape)  # out of launch_matmul: bias and seed unused
+            plan_a.launch_eager(grad_z, b.t(), grad_a, grad_a, grad_a)
+    if ctx.needs_input_grad[1]:
+        if plan_b is None:
+            grad_b = _matmul(a.t(), grad_z, None, "none", 0.0)
+        else:
+            grad_b = grad_z.new_empty(b.shape)
+            plan_b.launch_eager(a.t(), grad_z, grad_b, grad_b, grad_b)
+    return grad_a, grad_b
+
+
+def _backward_plans(a, b, out):
+    """``(the incoming gradient's strides, dA's plan, dB's plan)`` of a 2-D product's backward
+    for the usual case of a gradient laid out like ``out`` (contiguous, its dtype), a plan None
+    where that product takes launch_matmul's general path (copies, TMA)."""
+    grad_z = out  # a stand-in: the layout and dtype of the gradient
+    return (out.stride(),
+            product_plan(grad_z, b.t(), out.new_empty(a.shape), None, "none", 0.0),
+            product_plan(a.t(), grad_z, out.new_empty(b.shape), None, "none", 0.0))
+
+
+def _products(ctx, grad_z, a, b):
+    """The backward's products through the registered op (any layout, any path)."""
+    grad_a = grad_b = None
     # The op itself, not the public matmul: these operands are the forward's, already checked,
     # and the checks would run again on autograd's device thread, where Python costs the most.
     plain = a.dim() == 2 and b.dim() == 2  # no batch to broadcast or sum over
@@ -172,15 +234,31 @@ def _matmul_backward(ctx, grad):
             grad_b = _matmul(a.reshape(rows, K).t(), grad_z.reshape(rows, N), None, "none", 0.0)
         else:
             grad_b = _matmul(a.transpose(-1, -2), grad_z, None, "none", 0.0).sum_to_size(b.shape)
-    if bias is not None and ctx.needs_input_grad[2]:
-        rows = 0 if grad_z.dim() == 2 else tuple(range(grad_z.dim() - 1))
-        grad_bias = grad_z.sum(dim=rows, dtype=torch.float32)
-        if bias.dtype is not torch.float32:
-            grad_bias = grad_bias.to(bias.dtype)
-    return grad_a, grad_b, grad_bias, None, None, None, None
+    return grad_a, grad_b
+
+
+def _matmul_forward_planned(ctx, a, b, bias, ready, slope):
+    """The eager autograd forward of a kept signature (:func:`_launch_ready`'s ``RECORD``
+    path): :func:`_matmul` and :func:`_matmul_setup_context` with the plans kept for it (a 2-D
+    product's backward plans found at the first such call)."""
+    activation, _, shape, plan, backward = ready
+    out = a.new_empty(shape)
+    with runtime.device_guard(a):  # bias and seed placeholders: out (never read)
+        plan.launch_eager(a, b, out, bias if bias is not None else out, out)
+    ctx.activation = activation
+    ctx.slope = slope
+    ctx.dropout_p = 0.0
+    keep_output = activation != "none" and not _needs_preactivation(activation, slope)
+    ctx.save_for_backward(a, b, bias, out if keep_output else None, None)
+    if len(shape) == 2 and a.dim() == 2:
+        if not backward:
+            backward.append(_backward_plans(a, b, out))
+        ctx.backward_plans = backward[0]
+    return out
 
 
 _matmul.register_autograd(_matmul_backward, setup_context=_matmul_setup_context)
+_matmul.register_planned_forward(_matmul_forward_planned)
 
 
 # --------------------------------------------------------------------------------------------
@@ -255,8 +333,53 @@ def matmul(
     ``activation`` is None, ``"relu"``, ``"leaky_relu"`` (negative slope ``leaky_relu_slope``) or
     ``"gelu"`` (tanh approximation). Differentiable in ``a``, ``b`` and ``bias``.
     """
+    path = _matmul.eager_path(a, b, bias)
+    key = ready = None
+    if path:  # an eager call of layouts seen before: straight to the launch
+        try:
+            key = (a.shape, a.stride(), a.storage_offset() & 15, a.dtype, a.device, a.layout,
+                   b.shape, b.stride(), b.storage_offset() & 15, b.dtype, b.device, b.layout,
+                   None if bias is None else (bias.shape, bias.stride(), *layout_key(bias)[1:]),
+                   activation, type(activation), leaky_relu_slope, type(leaky_relu_slope),
+                   tf32_enabled())
+            ready = _READY.under(TUNING).get(key)
+        except UNKEYABLE:
+            key = ready = None
+        if ready:
+            return _launch_ready(path, ready, a, b, bias)
     op_activation = _check_matmul_args(a, b, bias, activation, leaky_relu_slope)
-    return _matmul(a, b, bias, op_activation, float(leaky_relu_slope))
+    slope = float(leaky_relu_slope)
+    out = _matmul(a, b, bias, op_activation, slope)
+    if key is not None and ready is None:  # not False: a product of the general path
+        _READY.remember(key, _ready(a, b, out, bias, op_activation, slope))
+    return out
+
+
+def _ready(a, b, out, bias, activation: str, slope: float):
+    """What a repeated eager product of these operands' layouts needs (:func:`_launch_ready`):
+    ``(activation, slope, out's shape, the product's plan, its backward's plans, found at the
+    first call that records)``; False where the product takes launch_matmul's general path
+    (copies, TMA) or launches nothing (an empty result, K = 0)."""
+    if not out.numel() or not a.shape[-1]:
+        return False
+    plan = product_plan(a, b, out, bias, activation, slope)
+    return False if plan is None else (activation, slope, out.shape, plan, [])
+
+
+def _launch_ready(path, ready, a, b, bias) -> torch.Tensor:
+    """The product of checked operands of a kept signature (:func:`_ready`): its plan launched,
+    or its autograd Function applied with it (``path`` ``RECORD``)."""
+    if path == runtime.RECORD:
+        return _matmul.record_planned(a, b, bias, ready, ready[1])
+    out = a.new_empty(ready[2])
+    with runtime.device_guard(a):  # bias and seed placeholders: out (never read)
+        ready[3].launch_eager(a, b, out, bias if bias is not None else out, out)
+    return out
+
+
+#: Eager products' layouts (everything the checks read, the strides and 16-byte offsets the
+#: plan depends on), epilogue and TF32 setting -> :func:`_ready`.
+_READY = SignatureCache()
 
 
 @runtime.follows_autocast(_matmul)  # as F.linear
@@ -285,39 +408,48 @@ def linear(
     ``torch.manual_seed`` repeats a run; the backward redraws it from the seed instead of keeping
     it. ``dropout_p=0`` is the plain kernel, compiled without dropout.
     """
+    path = _matmul.eager_path(x, weight, bias)
     call = key = None
     if not _is_compiling():
         # A call signature seen before was checked then: everything the checks read is in the
         # key (shapes, strides, dtypes, devices, layouts, the activation, the slope, dropout's
-        # probability and their types).
+        # probability and their types), and what its kept product depends on (the 16-byte
+        # offsets, TF32).
         try:
-            key = (x.shape, x.stride(), x.dtype, x.device, x.layout,
-                   weight.shape, weight.stride(), weight.dtype, weight.device, weight.layout,
-                   None if bias is None else (bias.shape, bias.dtype, bias.device, bias.layout),
+            key = (x.shape, x.stride(), x.storage_offset() & 15, x.dtype, x.device, x.layout,
+                   weight.shape, weight.stride(), weight.storage_offset() & 15, weight.dtype,
+                   weight.device, weight.layout,
+                   None if bias is None else (bias.shape, bias.stride(), *layout_key(bias)[1:]),
                    activation, leaky_relu_slope, type(leaky_relu_slope),
-                   dropout_p, type(dropout_p))
-            call = _LINEAR_CALLS.get(key)
-        except (AttributeError, TypeError, RuntimeError):  # not tensors, no strides: checked below
+                   dropout_p, type(dropout_p), tf32_enabled())
+            call = _LINEAR_CALLS.under(TUNING).get(key)
+        except UNKEYABLE:  # not tensors, no strides: checked below
             key = None
-    if call is None:
-        call = _check_linear(x, weight, bias, activation, leaky_relu_slope, dropout_p)
-        if key is not None:
-            if len(_LINEAR_CALLS) >= 1024:
-                _LINEAR_CALLS.clear()
-            _LINEAR_CALLS[key] = call
-    op_activation, slope, rows_kind, p = call
-    # Dropout's two arguments only when it is on: the call without them is today's op call.
-    dropout = (p, dropout_seed(x.device)) if p > 0 else ()
-    if rows_kind == _ROWS_AS_IS:  # 2-D, or 3-D run as a batched product: out has x's lead dims
-        return _matmul(x, weight.t(), bias, op_activation, slope, *dropout)
-    rows = x[None] if rows_kind == _ROWS_OF_VECTOR else x.flatten(0, -2)
-    out = _matmul(rows, weight.t(), bias, op_activation, slope, *dropout)
-    return out.reshape(*x.shape[:-1], weight.shape[0])
+    checked = call is None
+    if checked:
+        call = (*_check_linear(x, weight, bias, activation, leaky_relu_slope, dropout_p), None)
+    op_activation, slope, rows_kind, p, ready = call
+    rows = x if rows_kind == _ROWS_AS_IS else x[None] if rows_kind == _ROWS_OF_VECTOR \
+        else x.flatten(0, -2)
+    if ready and path:  # an eager call of a kept signature: straight to the launch
+        out = _launch_ready(path, ready, rows, weight.t(), bias)
+    else:
+        # Dropout's two arguments only when it is on: the call without them is today's op call.
+        dropout = (p, dropout_seed(x.device)) if p > 0 else ()
+        weight_t = weight.t()
+        out = _matmul(rows, weight_t, bias, op_activation, slope, *dropout)
+        if key is not None and (checked or (ready is None and path and not p)):
+            # Kept: the checks' conclusions, and (eager, no dropout) the product's plans.
+            _LINEAR_CALLS.remember(key, (*call[:4], _ready(
+                rows, weight_t, out, bias, op_activation, slope) if path and not p else None))
+    # 2-D, or 3-D run as a batched product: out has x's lead dims.
+    return out if rows_kind == _ROWS_AS_IS else out.reshape(*x.shape[:-1], weight.shape[0])
 
 
 _is_compiling = torch.compiler.is_compiling
-#: linear's checked call signatures (see linear): what the checks concluded.
-_LINEAR_CALLS: dict = {}
+#: linear's checked call signatures (see linear): what the checks concluded, and the kept
+#: product's :func:`_ready` (None: not known yet).
+_LINEAR_CALLS = SignatureCache()
 #: How linear hands x to the product: as it is (2-D, or 3-D whose leading dims cannot merge
 #: without a copy: a batched product against the shared weight), as one row, or flattened.
 _ROWS_AS_IS, _ROWS_OF_VECTOR, _ROWS_FLATTENED = range(3)

@@ -3,9 +3,10 @@ deterministic backward, in Triton.
 
     y = x * rstd * (weight_offset + weight),   rstd = 1 / sqrt(mean(x**2) + eps)
 
-Host code: the tuning (:class:`RMSNormTuning`), the cached launch plans, the registered ops, the
-autograd, and the public functions :func:`rms_norm` and :func:`add_rms_norm`. The kernels are in
-:mod:`.kernels`; why they are built as they are is in docs/kernels/rms_norm.md.
+Host code: the tuning (:class:`RMSNormTuning`), the cached launch plans (the backward's are
+worked out in :mod:`.plans`), the registered ops, the autograd, and the public functions
+:func:`rms_norm` and :func:`add_rms_norm`. The kernels are in :mod:`.kernels`; why they are
+built as they are is in docs/kernels/rms_norm.md.
 
 ``casting_mode`` says where the result is rounded, so that a patched model keeps its own module's
 numbers:
@@ -25,7 +26,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import torch
 
@@ -34,7 +35,6 @@ from ...runtime import (
     LaunchPlan,
     acc_dtype,
     chunk_tile,
-    num_warps_for,
     plan_cache,
     register_op,
     row_tile,
@@ -51,14 +51,9 @@ from .._common import (
     stats_dtype,
 )
 from ..layer_norm import LayerNormTuning
-from ..layer_norm.kernels import layer_norm_bwd_sum_partials_kernel
-from .kernels import (
-    rms_norm_bwd_dw_chunked_kernel,
-    rms_norm_bwd_dx_chunked_kernel,
-    rms_norm_bwd_kernel,
-    rms_norm_fwd_chunked_kernel,
-    rms_norm_fwd_kernel,
-)
+from .kernels import rms_norm_fwd_chunked_kernel, rms_norm_fwd_kernel
+from .plans import BackwardPlan
+from .plans import backward_plan as _backward_plan
 
 CASTING_MODES = ("torch", "llama", "gemma")
 
@@ -188,86 +183,6 @@ def _rms_norm_backward_fake(dy, dsum, x, weight, rstd, norm_ndim, weight_offset,
             x.new_empty(n_cols if need_dw else 0, dtype=_dw_dtype(x, weight)))
 
 
-class BackwardPlan(NamedTuple):
-    """The backward's launches for one shape by name, in launch order (``"fused"``,
-    ``"dx_rows"``, ``"dx"``, ``"dw"``, ``"sum"``: see :func:`_backward_launches`), and the
-    partial ``dweight`` rows they fill."""
-
-    n_partials: int
-    launches: dict[str, LaunchPlan]
-
-
-def _row_groups(n_rows: int, max_groups: int) -> tuple[int, int]:
-    """``(n_groups, rows_per_group)``: consecutive rows in at most ``max_groups`` groups, a fixed
-    partition (shape and GPU only): the same summation order, so the same bits, every run."""
-    rows_per_group = runtime.cdiv(n_rows, max(1, min(max_groups, n_rows)))
-    return runtime.cdiv(n_rows, rows_per_group), rows_per_group
-
-
-@plan_cache()
-def _backward_plan(n_rows, n_cols, weight_offset, dtypes, has_weight, has_dsum, round_xhat, need,
-                   n_sms, tuning: RMSNormTuning) -> BackwardPlan:
-    """The backward's launches for one shape (``dtypes``: see :func:`_find_backward_plan`).
-    Cached like the forward's plan."""
-    need_dx, need_dw = need
-    dy_dtype, x_dtype = dtypes[:2]
-    acc = acc_dtype(x_dtype)
-    common = dict(ROUND_XHAT=round_xhat, ACC=acc)
-    launches = {}
-    if n_cols <= tuning.backward_single_block_max_cols:
-        tile = row_tile(n_cols, n_rows, tile_elems=tuning.tile_elems,
-                        max_rows=tuning.max_rows_per_program)
-        elems = tile.rows * tile.block_cols
-        wide = elems >= tuning.backward_wide_tile_elems
-        n_partials, rows_per_program = _row_groups(
-            n_rows, min(n_sms * (1 if wide else tuning.backward_programs_per_sm),
-                        runtime.cdiv(n_rows, tile.rows)))
-        # Pipeline the row loop where the prefetched x and dy tiles fit in shared memory.
-        prefetch = (tuning.backward_stages - 1) * elems * (dy_dtype.itemsize + x_dtype.itemsize)
-        launches["fused"] = LaunchPlan(
-            rms_norm_bwd_kernel, (n_partials,),
-            (n_rows, n_cols, rows_per_program, weight_offset), dict(
-                common, HAS_WEIGHT=has_weight, HAS_DSUM=has_dsum, COMPUTE_DX=need_dx,
-                COMPUTE_DW=need_dw, RELOAD_WEIGHT=n_cols > tuning.backward_weight_held_max_cols,
-                BLOCK_N=tile.block_cols, ROWS=tile.rows, STAGES=(
-                    tuning.backward_stages if prefetch <= tuning.backward_prefetch_bytes else 1),
-                num_warps=tuning.backward_wide_num_warps if wide else tile.num_warps))
-    else:
-        tile = chunk_tile(n_cols, tuning.chunk_cols)
-        if need_dx and n_cols <= tuning.backward_dx_single_block_max_cols:
-            # One read of x and dy for dx (not two): without the running sums a whole row fits.
-            # Persistent, one wide program an SM.
-            n_programs, rows_per_program = _row_groups(n_rows, n_sms)
-            launches["dx_rows"] = LaunchPlan(
-                rms_norm_bwd_kernel, (n_programs,),
-                (n_rows, n_cols, rows_per_program, weight_offset), dict(
-                    common, HAS_WEIGHT=has_weight, HAS_DSUM=has_dsum, COMPUTE_DX=True,
-                    COMPUTE_DW=False, RELOAD_WEIGHT=False, BLOCK_N=runtime.next_power_of_2(n_cols),
-                    ROWS=1, STAGES=1, num_warps=tuning.backward_wide_num_warps))
-        elif need_dx:
-            launches["dx"] = LaunchPlan(
-                rms_norm_bwd_dx_chunked_kernel, (n_rows,), (n_cols, weight_offset), dict(
-                    common, HAS_WEIGHT=has_weight, HAS_DSUM=has_dsum, BLOCK_N=tile.block_cols,
-                    num_warps=tile.num_warps))
-        n_col_blocks = runtime.cdiv(n_cols, tile.block_cols)
-        n_partials, rows_per_group = _row_groups(
-            n_rows, runtime.cdiv(n_sms * tuning.backward_programs_per_sm, n_col_blocks))
-        if need_dw:
-            launches["dw"] = LaunchPlan(
-                rms_norm_bwd_dw_chunked_kernel, (n_partials, n_col_blocks),
-                (n_rows, n_cols, rows_per_group), dict(
-                    common, BLOCK_N=tile.block_cols, STAGES=tuning.dwdb_stages,
-                    num_warps=num_warps_for(tile.block_cols)))
-    if need_dw:
-        # The second, small stage of the reduction, in a fixed order: deterministic.
-        launches["sum"] = LaunchPlan(
-            layer_norm_bwd_sum_partials_kernel,
-            (runtime.cdiv(n_cols, tuning.sum_partials_block_n),), (n_partials, n_cols),
-            dict(COMPUTE_DW=True, COMPUTE_DB=False, ACC=acc, BLOCK_P=tuning.sum_partials_block_p,
-                 BLOCK_N=tuning.sum_partials_block_n, num_warps=4))
-    return BackwardPlan(n_partials, launches)
-
-
 @register_op("rms_norm_backward", fake=_rms_norm_backward_fake)
 def rms_norm_backward(
     dy: torch.Tensor,
@@ -348,9 +263,9 @@ def _backward_launches(plan, dy, dsum, x, w, rstd, n_cols, need_dx, need_dw, dw_
 def _rms_norm_setup_context(ctx, inputs, output):
     x, residual, weight, norm_ndim, _, weight_offset, casting_mode = inputs[:7]
     y, total, rstd = output
-    ctx.mark_non_differentiable(rstd)  # saved statistics: no gradient flows through them
-    if residual is None:
-        ctx.mark_non_differentiable(total)  # the empty placeholder
+    # Saved statistics (and, without a residual, the empty placeholder for the sum): no gradient
+    # flows through them. One call: each call replaces what the one before marked.
+    ctx.mark_non_differentiable(*((rstd,) if residual is not None else (rstd, total)))
     # Gradients of unused outputs would otherwise be materialised as zero tensors only to be
     # ignored (rstd's) or added (an unused sum's).
     ctx.set_materialize_grads(False)
@@ -361,16 +276,54 @@ def _rms_norm_setup_context(ctx, inputs, output):
     n_rows, n_cols = rows_cols(x, norm_ndim)
     if getattr(ctx, "eager", False) and n_rows and n_cols and normalised.is_contiguous() and (
             weight is None or weight.is_contiguous()):
-        # The backward's plan, found now on the calling thread for the usual case (contiguous
-        # gradients of the outputs' dtypes, the sum's gradient present when there is a sum):
-        # the backward then only allocates and launches.
         need = (ctx.needs_input_grad[0] or ctx.needs_input_grad[1], ctx.needs_input_grad[2])
-        dw_dtype = _dw_dtype(x, weight)
-        dtypes = (y.dtype, x.dtype, (weight if weight is not None else x).dtype,
-                  x.dtype if ctx.has_residual else None, dw_dtype)
-        ctx.backward_plan = (_find_backward_plan(n_rows, n_cols, weight_offset, dtypes,
-                                                 weight is not None, casting_mode, need,
-                                                 x.device), n_cols, need, dw_dtype, y.dtype)
+        ctx.backward_plan = _planned_backward(x, weight, y.dtype, ctx.has_residual, n_rows,
+                                              n_cols, weight_offset, casting_mode, need)
+
+
+def _planned_backward(x, weight, y_dtype, has_residual, n_rows, n_cols, weight_offset,
+                      casting_mode, need):
+    """The backward's plan for the usual case (contiguous gradients of the outputs' dtypes, the
+    sum's gradient present when there is a sum), found on the calling thread: the backward then
+    only allocates and launches."""
+    dw_dtype = _dw_dtype(x, weight)
+    dtypes = (y_dtype, x.dtype, (weight if weight is not None else x).dtype,
+              x.dtype if has_residual else None, dw_dtype)
+    return (_find_backward_plan(n_rows, n_cols, weight_offset, dtypes, weight is not None,
+                                casting_mode, need, x.device), n_cols, need, dw_dtype, y_dtype)
+
+
+def _rms_norm_forward_planned(ctx, x, residual, weight, ready):
+    """The eager autograd forward of a kept signature (:func:`_rms_norm`'s ``RECORD`` path):
+    :func:`rms_norm_forward` and :func:`_rms_norm_setup_context` with the plans kept for it
+    (the backward's by which inputs need a gradient, found at the first such call)."""
+    norm_ndim, _, weight_offset, y_dtype, n_rows, plan, casting_mode, backward_plans = ready
+    y = torch.empty_like(x, dtype=y_dtype, memory_format=torch.contiguous_format)
+    rstd = x.new_empty(n_rows, dtype=stats_dtype(x.dtype))
+    has_residual = residual is not None
+    w = weight if weight is not None else x  # never read without a weight
+    with runtime.device_guard(x):
+        if has_residual:
+            total = torch.empty_like(x, memory_format=torch.contiguous_format)
+            plan.launch_eager(x, residual, w, y, total, rstd)
+        else:  # y stands in for the sum: never written
+            total = x.new_empty(0)
+            plan.launch_eager(x, x, w, y, y, rstd)
+    # As _rms_norm_setup_context marks them.
+    ctx.mark_non_differentiable(*((rstd,) if has_residual else (rstd, total)))
+    ctx.set_materialize_grads(False)
+    normalised = total if has_residual else x
+    ctx.save_for_backward(normalised, weight, rstd)
+    ctx.norm_ndim, ctx.weight_offset, ctx.casting_mode = norm_ndim, weight_offset, casting_mode
+    ctx.has_residual = has_residual
+    need = (ctx.needs_input_grad[0] or ctx.needs_input_grad[1], ctx.needs_input_grad[2])
+    planned = backward_plans.get(need)
+    if planned is None:
+        planned = backward_plans[need] = _planned_backward(
+            x, weight, y_dtype, has_residual, *rows_cols(x, norm_ndim), weight_offset,
+            casting_mode, need)
+    ctx.backward_plan = planned
+    return y, total, rstd
 
 
 @runtime.launch_directly
@@ -411,6 +364,7 @@ def _rms_norm_backward_autograd(ctx, dy, dsum, _drstd):
 rms_norm_forward.register_autograd(
     _rms_norm_backward_autograd, setup_context=_rms_norm_setup_context
 )
+rms_norm_forward.register_planned_forward(_rms_norm_forward_planned)
 
 
 # --------------------------------------------------------------------------------------------
@@ -510,11 +464,10 @@ def _rms_norm(x, residual, normalized_shape, weight, eps, weight_offset, casting
         except UNKEYABLE:
             ready = None
         if ready is not None:
-            norm_ndim, eps, weight_offset, y_dtype, n_rows, plan = ready
             if path == runtime.RECORD:
-                y, total, _ = rms_norm_forward.record(x, residual, weight, norm_ndim, eps,
-                                                      weight_offset, casting_mode, out_dtype)
+                y, total, _ = rms_norm_forward.record_planned(x, residual, weight, ready)
                 return y, total
+            y_dtype, n_rows, plan = ready[3:6]
             y = torch.empty_like(x, dtype=y_dtype, memory_format=torch.contiguous_format)
             rstd = x.new_empty(n_rows, dtype=stats_dtype(x.dtype))
             w = weight if weight is not None else x  # never read without a weight
@@ -541,7 +494,7 @@ def _rms_norm(x, residual, normalized_shape, weight, eps, weight_offset, casting
         _READY.under(TUNING).remember(
             _ready_key(x, residual, normalized_shape, weight, eps, weight_offset, casting_mode,
                        check_residual, out_dtype),
-            (norm_ndim, eps_, weight_offset_, y.dtype, n_rows, plan))
+            (norm_ndim, eps_, weight_offset_, y.dtype, n_rows, plan, casting_mode, {}))
     return y, total
 
 
@@ -556,7 +509,8 @@ def _ready_key(x, residual, normalized_shape, weight, eps, weight_offset, castin
 
 
 #: Eager calls' :func:`_ready_key` -> ``(norm_ndim, eps, weight_offset, y's dtype, rows, the
-#: forward's plan)`` for contiguous operands that were checked.
+#: forward's plan, casting_mode, the backward's plans by which inputs need a gradient)`` for
+#: contiguous operands that were checked.
 _READY = SignatureCache()
 
 

@@ -185,10 +185,26 @@ def _softmax_setup_context(ctx, inputs, output):
     ctx.save_for_backward(output)  # the backward needs y only, not x
     ctx.dim = dim
     if getattr(ctx, "eager", False) and output.numel():
-        # The backward's plan, found now on the calling thread for the usual case of a gradient
-        # laid out like y (y is contiguous): the backward then only allocates and launches.
-        ctx.backward_plan = _find_plan(output.shape, dim, (output.stride(),) * 3, output.dtype,
-                                       True)
+        ctx.backward_plan = _planned_backward(output, dim)
+
+
+def _planned_backward(y: torch.Tensor, dim: int) -> LaunchPlan | None:
+    """The backward's plan for the usual case of a gradient laid out like ``y`` (contiguous),
+    found on the calling thread: the backward then only allocates and launches."""
+    return _find_plan(y.shape, dim, (y.stride(),) * 3, y.dtype, True)
+
+
+def _softmax_forward_planned(ctx, x, ready):
+    """The eager autograd forward of a kept signature (:func:`softmax`'s ``RECORD`` path):
+    :func:`softmax_forward` and :func:`_softmax_setup_context` with the plans kept for it."""
+    dim, plan, backward_plan = ready
+    y = _new_output(x)
+    with runtime.device_guard(x):
+        plan.launch_eager(x, y)
+    ctx.save_for_backward(y)
+    ctx.dim = dim
+    ctx.backward_plan = backward_plan
+    return y
 
 
 def _softmax_backward_planned(plan, grad_out: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -208,6 +224,7 @@ def _softmax_backward_autograd(ctx, grad_out):
 
 
 softmax_forward.register_autograd(_softmax_backward_autograd, setup_context=_softmax_setup_context)
+softmax_forward.register_planned_forward(_softmax_forward_planned)
 
 
 # --------------------------------------------------------------------------------------------
@@ -224,12 +241,11 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
         except UNKEYABLE:
             ready = None
         if ready is not None:
-            dim, plan = ready
             if path == runtime.RECORD:
-                return softmax_forward.record(x, dim)
+                return softmax_forward.record_planned(x, ready)
             y = _new_output(x)
             with runtime.device_guard(x):
-                plan.launch_eager(x, y)
+                ready[1].launch_eager(x, y)  # (dim, plan, backward's plan)
             return y
     checked_dim = _CALLS.checked(_call_key, _check_args, x, dim)
     if x.dim() == 0:  # one element, softmax 1 (NaN for -inf/NaN): the 1-element row of PyTorch
@@ -247,13 +263,13 @@ def _keep_ready(x, y, dim, checked_dim: int) -> None:
     if plan is not None:
         _READY.under(TUNING).remember(
             (x.shape, x.stride(), x.dtype, x.device, x.layout, dim, type(dim)),
-            (checked_dim, plan))
+            (checked_dim, plan, _planned_backward(y, checked_dim)))
 
 
 #: softmax's checked call signatures -> ``dim``, made non-negative.
 _CALLS = SignatureCache()
 #: Eager calls' layouts (shape, strides, dtype, device, layout) and ``dim`` -> ``(dim made
-#: non-negative, the forward's plan)``.
+#: non-negative, the forward's plan, the backward's (:func:`_planned_backward`))``.
 _READY = SignatureCache()
 
 
