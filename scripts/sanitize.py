@@ -365,6 +365,16 @@ def case_cross_entropy(device):
     x = _randn(37, 64, dtype=torch.float16, device=device, grad=True)
     weight = _randn(1000, 64, dtype=torch.float16, device=device, grad=True)
     tw.linear_cross_entropy(x, weight, target).backward()
+    # A logits budget below one row chunk: the vocabulary in blocks (two here, 512 wide).
+    from triton_workshop.ops import cross_entropy as ce
+
+    saved = ce.TUNING
+    ce.TUNING = dataclasses.replace(saved, logits_chunk_bytes=20 * 1000 * 2)
+    try:
+        x.grad = weight.grad = None
+        tw.linear_cross_entropy(x, weight, target).backward()
+    finally:
+        ce.TUNING = saved
 
 
 def case_dropout(device):
@@ -428,7 +438,8 @@ CASES = (
     Case("rope", ("rope",), ("rope_kernel",), case_rope),
     Case("glu", ("swiglu", "geglu"), ("glu_fwd_kernel", "glu_bwd_kernel"), case_glu),
     Case("cross_entropy", ("cross_entropy", "linear_cross_entropy"),
-         ("cross_entropy_fwd_kernel", "cross_entropy_bwd_kernel"), case_cross_entropy),
+         ("cross_entropy_fwd_kernel", "cross_entropy_bwd_kernel", "linear_ce_block_fwd_kernel",
+          "linear_ce_block_grad_kernel"), case_cross_entropy),
     Case("dropout", ("attention", "linear"),
          ("attn_fwd_kernel", "attn_bwd_preprocess_kernel", "attn_bwd_dkdv_kernel",
           "attn_bwd_dq_kernel", "matmul_kernel", "dropout_scale_kernel",
@@ -439,7 +450,8 @@ CASES_BY_NAME = {c.name: c for c in CASES}
 
 def library_kernels() -> dict:
     """Every kernel the library launches: ``{name: kernel}`` for the ``*_kernel`` objects of
-    ``triton_workshop.ops`` (the ``_``-prefixed ones are device functions they call)."""
+    ``triton_workshop.ops`` and its subpackages' modules, wherever an op keeps them (the
+    ``_``-prefixed ones are device functions they call)."""
     import importlib
     import pkgutil
 
@@ -447,8 +459,8 @@ def library_kernels() -> dict:
     import triton_workshop.ops as ops
 
     kernels = {}
-    for info in pkgutil.iter_modules(ops.__path__):
-        module = importlib.import_module(f"triton_workshop.ops.{info.name}")
+    for info in pkgutil.walk_packages(ops.__path__, prefix="triton_workshop.ops."):
+        module = importlib.import_module(info.name)
         for name, value in vars(module).items():
             if isinstance(value, triton.runtime.jit.KernelInterface) and name.endswith("_kernel"):
                 kernels[name] = value

@@ -407,11 +407,13 @@ _LABELS16 = torch.tensor([3, 0, 7, -100, 1, 15], device=DEVICE)
 
 #: name -> (the registered op, ours(*tensors), torch's(*tensors), the tensors' shapes).
 _KEPT_PRODUCTS = {
-    "matmul": (matmul_module._matmul, lambda a, b: tw.matmul(a, b), torch.matmul,
-               [(6, 16), (16, 8)]),
+    # b as a transposed view (K contiguous): on a GPU an fp32 (TF32) product copies a row-major
+    # b first, which takes the general path and keeps no plan.
+    "matmul": (matmul_module._matmul, lambda a, b: tw.matmul(a, b.T), lambda a, b: a @ b.T,
+               [(6, 16), (8, 16)]),
     "matmul_bias_relu": (matmul_module._matmul,
-                         lambda a, b, c: tw.matmul(a, b, bias=c, activation="relu"),
-                         lambda a, b, c: torch.relu(a @ b + c), [(6, 16), (16, 8), (8,)]),
+                         lambda a, b, c: tw.matmul(a, b.T, bias=c, activation="relu"),
+                         lambda a, b, c: torch.relu(a @ b.T + c), [(6, 16), (8, 16), (8,)]),
     "linear": (matmul_module._matmul, lambda x, w, b: tw.linear(x, w, b), F.linear,
                [(6, 16), (8, 16), (8,)]),
     "linear_3d": (matmul_module._matmul, lambda x, w: tw.linear(x, w), F.linear,
