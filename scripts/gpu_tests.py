@@ -1,4 +1,4 @@
-"""The test suite spread over every GPU of the machine, then the big-memory tests alone.
+"""The test suite spread over every GPU of the machine, then the big-memory tests, one a GPU.
 
     python scripts/gpu_tests.py [--out DIR] [--workers 14] [--deadline 540] [-- PYTEST ARGS...]
 
@@ -6,8 +6,8 @@ The suite is about 3,300 tests; on one H100 with a dozen pytest-xdist workers it
 than a 10-minute call. Here the test files are dealt into one shard a GPU, balanced by file size
 (a rough measure of a file's tests), and each shard runs on its own GPU at once
 (``CUDA_VISIBLE_DEVICES``), ``--workers`` processes each, the big-memory tests left out; then the
-big-memory tests (several GiB each) run alone on the first GPU, where nothing else competes for
-its memory. Without a GPU there is one shard, on the CPU.
+big-memory tests (several GiB each), one process a GPU, each with its share of the files, so that
+nothing else competes for a GPU's memory. Without a GPU there is one shard, on the CPU.
 
 Each shard writes ``pytest-shard<i>.log`` (``-v``: every test's outcome as it finishes, so a run cut
 off still names what it ran) and ``failures-shard<i>.log`` (each failure's report the moment it
@@ -108,8 +108,14 @@ def main(argv: list[str] | None = None) -> int:
                   str(i % gpus) if gpus else None, args.out, args.workers) for i, g in enumerate(groups)]
     results = wait_all(runs, deadline)
     if time.monotonic() < deadline - 10:
-        big = start("big-memory", [*files, "-m", "big_memory", *options], "0" if gpus else None, args.out, 1)
-        results.update(wait_all([big], deadline))
+        # One process a GPU, each with its own share of the files: a big-memory test has its
+        # GPU to itself, and the dozen of them take a quarter of the time on four GPUs.
+        marked = [ROOT / f for f in files if "big_memory" in (ROOT / f).read_text(errors="replace")]
+        big_groups = [g for g in deal(marked, max(gpus, 1)) if g]
+        big = [start("big-memory" if len(big_groups) == 1 else f"big-memory{i}",
+                     [*map(str, g), "-m", "big_memory", *options], str(i) if gpus else None,
+                     args.out, 1) for i, g in enumerate(big_groups)]
+        results.update(wait_all(big, deadline))
     rows, ok = [], True
     for name, (code, seconds) in results.items():
         counts = count((args.out / f"pytest-{name}.log").read_text(errors="replace"))
