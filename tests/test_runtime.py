@@ -264,6 +264,33 @@ def test_register_op_registers_new_op_with_fake():
     assert torch.equal(out, 3 * x + 1)
 
 
+def test_an_opaque_op_is_a_custom_op_on_a_gpu_too(monkeypatch):
+    """opaque=True: torch.compile calls the launcher as it is, never traces into it; the other
+    ops are triton_ops on a GPU. (Registered with the mode switched, run nowhere.)"""
+    from torch._library.custom_ops import CustomOpDef
+
+    from triton_workshop.runtime import mode
+
+    def launcher(x: torch.Tensor) -> torch.Tensor:
+        return x * 5
+
+    monkeypatch.setattr(mode, "INTERPRET", False)
+    with pytest.raises(TypeError, match=r"needs fake= when opaque"):
+        runtime.register_op("_test_opaque_no_fake", opaque=True)(launcher)
+    def fake(x):
+        return torch.empty_like(x)
+
+    opaque = runtime.register_op("_test_opaque", fake=fake, opaque=True)(launcher)
+    traced = runtime.register_op("_test_traced")(launcher)
+    # Both are CustomOpDefs; the custom_op's shape function is the fake given, while a
+    # triton_op's is the launcher itself, run on fake tensors (what Inductor traces into).
+    assert isinstance(opaque._op, CustomOpDef) and isinstance(traced._op, CustomOpDef)
+    assert opaque._op._abstract_fn is fake
+    assert traced._op._abstract_fn is launcher
+    x = torch.arange(3.0)
+    assert torch.equal(torch.ops.triton_workshop._test_opaque(x), 5 * x)
+
+
 def test_num_sms_is_positive():
     assert runtime.num_sms() >= 1
 

@@ -120,6 +120,7 @@ def register_op(
     fake: Callable | None = None,
     mutates_args: Sequence[str] = (),
     autocast: "str | dict[str, str | None] | None" = None,
+    opaque: bool = False,
 ) -> Callable[[Callable], Callable]:
     """Register a launcher as the PyTorch op ``triton_workshop::<name>``.
 
@@ -134,14 +135,20 @@ def register_op(
     (not in torch's autocast lists: dtypes as without autocast), ``"lower_precision_fp"`` or
     ``"fp32"`` for every device type, or a dict from device type (``"cpu"``, ``"cuda"``) to one of
     those or None (see :class:`AutocastPolicy`).
+
+    ``opaque=True`` makes it the opaque ``custom_op`` on a GPU too (``fake`` required): for a
+    launcher whose body Inductor should not trace into, such as a loop over chunks that writes
+    slices of its outputs in place between products (traced, the loop is unrolled into the
+    graph, and the traced in-place slice updates are where results went wrong).
     """
     qualname = f"triton_workshop::{name}"
     policy = AutocastPolicy(autocast)
 
     def decorate(launcher: Callable) -> "RegisteredOp":
-        if mode.INTERPRET:
+        if mode.INTERPRET or opaque:
             if fake is None:
-                raise TypeError(f"register_op({name!r}) needs fake= in interpreter mode")
+                raise TypeError(f"register_op({name!r}) needs fake= "
+                                f"{'when opaque' if opaque else 'in interpreter mode'}")
             # Opaque to torch.compile: its body only ever runs eagerly, on real tensors.
             schema = torch.library.infer_schema(launcher, mutates_args=tuple(mutates_args))
             op = torch.library.custom_op(qualname, mutates_args=tuple(mutates_args),

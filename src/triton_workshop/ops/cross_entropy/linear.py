@@ -234,7 +234,10 @@ def _linear_forward_fake(x, weight, target, bias, ignore_index, reduction, label
     )
 
 
-@register_op("linear_cross_entropy_forward", fake=_linear_forward_fake,
+# Opaque to torch.compile (see register_op): traced into, the chunk loop's in-place updates of
+# the gradients' slices gave wrong gradients on an H100 when compiled under a plan of several
+# chunks; and a 128k vocabulary's dozens of chunks would be unrolled into the graph.
+@register_op("linear_cross_entropy_forward", fake=_linear_forward_fake, opaque=True,
              autocast="lower_precision_fp")  # as the F.linear it starts with
 def linear_cross_entropy_forward(
     x: torch.Tensor,
@@ -274,7 +277,7 @@ def _linear_backward_fake(grad_loss, x, weight, target, bias, lse, ignore_index,
     )
 
 
-@register_op("linear_cross_entropy_backward", fake=_linear_backward_fake)
+@register_op("linear_cross_entropy_backward", fake=_linear_backward_fake, opaque=True)
 def linear_cross_entropy_backward(
     grad_loss: torch.Tensor,
     x: torch.Tensor,
