@@ -3,11 +3,13 @@
     python scripts/gpu_tests.py [--out DIR] [--workers 14] [--deadline 540] [-- PYTEST ARGS...]
 
 The suite is about 3,300 tests; on one H100 with a dozen pytest-xdist workers it takes longer
-than a 10-minute call. Here the test files are dealt into one shard a GPU, balanced by file size
-(a rough measure of a file's tests), and each shard runs on its own GPU at once
-(``CUDA_VISIBLE_DEVICES``), ``--workers`` processes each, the big-memory tests left out; then the
-big-memory tests (several GiB each), one process a GPU, each with its share of the files, so that
-nothing else competes for a GPU's memory. Without a GPU there is one shard, on the CPU.
+than a 10-minute call. Here it runs as one pytest-xdist run with ``--workers`` processes a GPU,
+each worker on one GPU (``CUDA_VISIBLE_DEVICES``, set by tests/conftest.py from the worker's
+number), all taking tests from one queue, the big-memory tests left out; then the big-memory
+tests (several GiB each), one process a GPU, each with its share of the files, so that nothing
+else competes for a GPU's memory. ``--shards N`` instead deals the files into N runs, balanced by
+file size (a rough measure of a file's tests), each on its own GPU. Without a GPU there is one
+shard, on the CPU.
 
 Each shard writes ``pytest-shard<i>.log`` (``-v``: every test's outcome as it finishes, so a run cut
 off still names what it ran) and ``failures-shard<i>.log`` (each failure's report the moment it
@@ -55,12 +57,17 @@ def count(log: str) -> dict[str, int]:
     return {k: found.count(k) for k in ("PASSED", "FAILED", "ERROR", "SKIPPED")}
 
 
-def start(name: str, args: list[str], device: str | None, out: Path, workers: int) -> tuple:
+def start(name: str, args: list[str], device: str | None, out: Path, workers: int,
+          spread_over: int = 0) -> tuple:
+    """Start pytest on ``args``: on GPU ``device``, or (``spread_over`` GPUs) its xdist workers
+    dealt over them, worker i on GPU i mod ``spread_over`` (tests/conftest.py)."""
     env = dict(os.environ, TRITON_WORKSHOP_FAILURE_LOG=str(out / f"failures-{name}.log"),
                TRITON_WORKSHOP_AUTOTUNE=os.environ.get("TRITON_WORKSHOP_AUTOTUNE", "0"),
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])))
     if device is not None:
         env["CUDA_VISIBLE_DEVICES"] = device
+    if spread_over:
+        env["TRITON_WORKSHOP_WORKER_GPUS"] = str(spread_over)
     has_xdist = subprocess.run([sys.executable, "-c", "import xdist"], capture_output=True).returncode == 0
     xdist = ["-n", str(workers), "--dist", "loadgroup"] if workers > 1 and has_xdist else []
     log = open(out / f"pytest-{name}.log", "w")
@@ -93,19 +100,27 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "bench-results"))
     parser.add_argument("--workers", type=int, default=14, help="pytest-xdist workers a shard")
-    parser.add_argument("--shards", type=int, default=None, help="default: one a GPU (1 without)")
+    parser.add_argument("--shards", type=int, default=None,
+                        help="split the files into this many runs, one a GPU; default: one run "
+                             "whose workers are dealt over the GPUs (one shard without a GPU)")
     parser.add_argument("--deadline", type=float, default=540.0, help="seconds for everything")
     parser.add_argument("pytest_args", nargs="*", help="after --: test files or pytest options")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + args.deadline
     gpus = gpu_count()
-    shards = args.shards or max(gpus, 1)
     files = [a for a in args.pytest_args if a.endswith(".py")] or sorted(str(p) for p in (ROOT / "tests").glob("test_*.py"))
     options = [a for a in args.pytest_args if not a.endswith(".py")]
-    groups = [g for g in deal([ROOT / f for f in files], shards) if g]
-    runs = [start(f"shard{i}", [*map(str, g), "-m", "not big_memory", *options],
-                  str(i % gpus) if gpus else None, args.out, args.workers) for i, g in enumerate(groups)]
+    if args.shards is None and gpus > 1:
+        # One queue of tests for every worker of every GPU: no GPU idles at the end while
+        # another still has its files' slow tests to run.
+        runs = [start("shard0", [*files, "-m", "not big_memory", *options], None, args.out,
+                      args.workers * gpus, spread_over=gpus)]
+    else:
+        groups = [g for g in deal([ROOT / f for f in files], args.shards or 1) if g]
+        runs = [start(f"shard{i}", [*map(str, g), "-m", "not big_memory", *options],
+                      str(i % gpus) if gpus else None, args.out, args.workers)
+                for i, g in enumerate(groups)]
     results = wait_all(runs, deadline)
     if time.monotonic() < deadline - 10:
         # One process a GPU, each with its own share of the files: a big-memory test has its

@@ -12,7 +12,17 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
+
+# scripts/gpu_tests.py runs the suite as one pytest-xdist run over every GPU of the machine
+# (TRITON_WORKSHOP_WORKER_GPUS=n): worker gw<i> takes GPU i mod n, set before torch first asks
+# CUDA for its devices (importing torch does not), so each worker sees its GPU as cuda:0 and
+# the workers share one queue of tests (no GPU idles while another's files are left).
+_WORKER_GPUS = int(os.environ.get("TRITON_WORKSHOP_WORKER_GPUS", "0") or 0)
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _WORKER_GPUS > 0 and _WORKER.startswith("gw"):
+    os.environ["CUDA_VISIBLE_DEVICES"] = str(int(_WORKER[2:]) % _WORKER_GPUS)
+
+import torch  # noqa: E402  (after the GPU is chosen)
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

@@ -48,3 +48,30 @@ def test_a_run_on_this_machine_writes_the_table(tmp_path):
     assert len(big) == 1 and int(big[0].split("|")[2]) + int(big[0].split("|")[5]) == 1, table
     passed = sum(int(line.split("|")[2]) for line in table.splitlines() if line.startswith("| shard"))
     assert passed > 0
+
+
+def test_a_spread_run_gives_each_worker_its_gpu():
+    """tests/conftest.py: with TRITON_WORKSHOP_WORKER_GPUS=n, xdist worker gw<i> sees GPU i mod n
+    alone (what gpu_tests.py's one queue over every GPU relies on)."""
+    import os
+    import subprocess
+    import sys
+
+    for worker, want in (("gw0", "0"), ("gw5", "1"), ("gw11", "3")):
+        env = dict(os.environ, PYTEST_XDIST_WORKER=worker, TRITON_WORKSHOP_WORKER_GPUS="4",
+                   EXPECT_VISIBLE_GPU=want)
+        run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                              f"{__file__}::test_the_worker_sees_its_gpu"], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0 and "1 passed" in run.stdout, run.stdout[-2000:]
+
+
+def test_the_worker_sees_its_gpu():
+    import os
+
+    import pytest
+
+    want = os.environ.get("EXPECT_VISIBLE_GPU")
+    if want is None:
+        pytest.skip("run by test_a_spread_run_gives_each_worker_its_gpu")
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == want
