@@ -13,6 +13,7 @@ import dataclasses
 
 import pytest
 import torch
+import triton
 
 import triton_workshop  # noqa: F401  (decides interpreter-or-GPU before the kernels import)
 from triton_workshop.ops import rope as rope_ops
@@ -142,6 +143,19 @@ def test_llama_layout_against_transformers(nan_outputs, rotate_half_path, head_d
     _check(q, k, cos, sin)
     if rot == head_dim:  # Llama's own function (no partial rotary) computes the same
         _check(q.detach(), k.detach(), cos, sin, reference=llama_rope)
+
+
+@pytest.mark.parametrize("head_dim,rot", [(64, 64), (80, 48)], ids=str)
+def test_heads_in_several_tiles(nan_outputs, rotate_half_path, monkeypatch, head_dim, rot):
+    """More heads than one tile holds (the default tile is 8 heads of 128 lanes: Llama's 32 q
+    heads take four): here 2 heads a tile, q's 5 heads in three tiles and k's 3 in two, the last
+    of each ragged."""
+    monkeypatch.setattr(rope_ops, "TUNING", dataclasses.replace(
+        rope_ops.TUNING, tile_elems=2 * triton.next_power_of_2(head_dim)))
+    q = _randn((2, 3, 5, head_dim)).transpose(1, 2).requires_grad_()
+    k = _randn((2, 3, 3, head_dim), seed=1).transpose(1, 2).requires_grad_()
+    cos, sin = _cos_sin((2, 3), rot)
+    _check(q, k, cos, sin)
 
 
 @pytest.mark.parametrize("convention", ["glm", "cohere", "gpt_oss"])
