@@ -136,10 +136,34 @@ def test_conv2d(channels_last):
     if channels_last:
         model, x = model.to(memory_format=torch.channels_last), x.to(memory_format=torch.channels_last)
     reference = copy.deepcopy(model)
-    assert patch_quietly(model) == counts(conv2d=3)
+    if channels_last:
+        # By default channels-last convolutions stay on cuDNN (the faster one there), listed
+        # by choice (no warning); the 1x1 filter's weight is NCHW as well and is swapped.
+        result = patch_quietly(model)
+        assert result == counts(conv2d=1)
+        assert [(s.name, s.kind, s.policy) for s in result.skipped] == [
+            ("0", "conv2d", True), ("3", "conv2d", True)]
+        assert "conv2d='always'" in result.skipped[0].reason
+        assert type(model[0]) is nn.Conv2d and type(model[4]) is tw.Conv2d
+        assert_same_function(model, reference, x)
+        assert patch_quietly(model, conv2d="always") == counts(conv2d=2)
+    else:
+        assert patch_quietly(model) == counts(conv2d=3)
     assert all(type(model[i]) is tw.Conv2d for i in (0, 3, 4))
     assert isinstance(model[0], nn.Conv2d)  # init loops that look for nn.Conv2d still find it
     assert_same_function(model, reference, x)
+
+
+def test_conv2d_policy_values():
+    model = nn.Sequential(nn.Conv2d(3, 4, 3)).to(DEVICE).to(memory_format=torch.channels_last)
+    assert patch_quietly(copy.deepcopy(model), conv2d=False) == counts()
+    assert patch_quietly(copy.deepcopy(model), conv2d="never") == counts()
+    assert patch_quietly(copy.deepcopy(model), conv2d="auto") == counts()
+    assert patch_quietly(copy.deepcopy(model), conv2d="always") == counts(conv2d=1)
+    with pytest.raises(ValueError, match="conv2d must be"):
+        patch_quietly(model, conv2d="sometimes")
+    with pytest.raises(TypeError, match="conv2d must be"):
+        patch_quietly(model, conv2d=1)
 
 
 @pytest.mark.parametrize("batch_first", [True, False])

@@ -36,9 +36,11 @@ ends in a Dropout, with or without an activation: what runs fused while training
 alone, and the state_dict keeps its keys); the Sequential decides at each call, and runs them one
 by one when a hook sits on any of them.
 
-**Which Linears.** A module is swapped where a fusion removes work or where the Triton kernel is
-the faster one: norms, convolutions and attention always; a ``Linear`` only where something runs
-fused with it (an activation in its epilogue, a LayerNorm before it, inside a Sequential as above).
+**Which Linears and Conv2ds.** A module is swapped where a fusion removes work or where the
+Triton kernel is the faster one: norms and attention always; a ``Conv2d`` whose weight is NCHW
+(the Triton kernel ran at 1.2x cuDNN's NCHW convolution on an H100), not a channels-last one
+(0.83-0.86x cuDNN's NHWC kernels: it stays on torch, listed in ``skipped``; ``conv2d="always"``
+swaps it); a ``Linear`` only where something runs fused with it (an activation in its epilogue, a LayerNorm before it, inside a Sequential as above).
 A plain ``Linear`` with nothing to fuse is the same matmul either way, and cuBLAS runs it with less
 host time a call, so it stays on torch, listed in ``skipped`` (with ``policy=True``; no warning).
 ``linear="always"`` swaps every ``Linear``; ``linear=True`` is the default ``"fused"`` rule;
@@ -86,6 +88,7 @@ import dataclasses
 import warnings
 from typing import Iterable
 
+import torch
 from torch import nn
 
 from .. import runtime
@@ -122,6 +125,8 @@ from .swap_rules import (  # noqa: F401 - re-exported, as above
 
 #: The values of ``linear=``: True is "fused", False is "never".
 LINEAR_POLICIES = ("fused", "always", "never")
+#: The values of ``conv2d=``: True is "auto", False is "never".
+CONV2D_POLICIES = ("auto", "always", "never")
 
 
 # --------------------------------------------------------------------------------------------
@@ -181,14 +186,18 @@ class Plan:
         self.counts.skipped.append(Skipped(name, kind, str(reason), policy))
 
 
-def plan_patch(model: nn.Module, *, kinds: Iterable[str], extra=None, linear: str = "fused") -> Plan:
+def plan_patch(model: nn.Module, *, kinds: Iterable[str], extra=None, linear: str = "fused",
+               conv2d: str = "auto") -> Plan:
     """Decide every swap (see :func:`patch`); ``extra(name, module)`` may claim a module first:
     it returns None (not its business), ``(None, None, None)`` (its business: leave the module
-    as it is, unlisted), or ``(kind, swaps, reason)`` (a :class:`PolicyReason` for a choice). ``linear`` is the rule for plain Linears (:data:`LINEAR_POLICIES`; only read
-    when ``"linear"`` is among ``kinds``)."""
+    as it is, unlisted), or ``(kind, swaps, reason)`` (a :class:`PolicyReason` for a choice).
+    ``linear`` is the rule for plain Linears (:data:`LINEAR_POLICIES`), ``conv2d`` the rule for
+    Conv2ds (:data:`CONV2D_POLICIES`); each is read only when its kind is among ``kinds``."""
     check_model(model)
     if linear not in LINEAR_POLICIES:
         raise ValueError(f"linear must be one of {LINEAR_POLICIES}, got {linear!r}")
+    if conv2d not in CONV2D_POLICIES:
+        raise ValueError(f"conv2d must be one of {CONV2D_POLICIES}, got {conv2d!r}")
     kinds = set(kinds)
     plan = Plan()
     owned: list[str] = []  # prefixes of subtrees that belong to a module taken whole
@@ -217,6 +226,8 @@ def plan_patch(model: nn.Module, *, kinds: Iterable[str], extra=None, linear: st
     fused_ids = _plan_sequentials(model, plan)
     if linear == "fused":
         _keep_unfused_linears_on_torch(plan, fused_ids)
+    if conv2d == "auto":
+        _keep_channels_last_convs_on_torch(plan)
     _plan_encoders(model, plan)
     return plan
 
@@ -235,6 +246,32 @@ def _keep_unfused_linears_on_torch(plan: Plan, fused_ids: set[int]) -> None:
         if kind == "linear" and id(target) not in fused_ids:
             plan.counts["linear"] -= 1
             plan.skip(name, "linear", UNFUSED_LINEAR)
+        else:
+            kept.append(swap)
+    plan.swaps[:] = kept
+
+
+#: Why a channels-last Conv2d stays on torch under the default rule.
+CHANNELS_LAST_CONV = PolicyReason(
+    "channels-last weights: cuDNN's NHWC convolution is the faster one (the Triton kernel ran at "
+    "0.83-0.86x of it on an H100) and costs less host time a call (conv2d='always' swaps it)"
+)
+
+
+def _channels_last(weight: torch.Tensor) -> bool:
+    """A 4-d weight laid out channels-last (and not also contiguous: a 1x1 filter's two layouts
+    coincide, and such a weight counts as NCHW)."""
+    return (weight.dim() == 4 and weight.is_contiguous(memory_format=torch.channels_last)
+            and not weight.is_contiguous())
+
+
+def _keep_channels_last_convs_on_torch(plan: Plan) -> None:
+    kept = []
+    for swap in plan.swaps:
+        target, _, kind, name = swap
+        if kind == "conv2d" and _channels_last(target.weight):
+            plan.counts["conv2d"] -= 1
+            plan.skip(name, "conv2d", CHANNELS_LAST_CONV)
         else:
             kept.append(swap)
     plan.swaps[:] = kept
@@ -361,6 +398,18 @@ def check_flag(value, name: str) -> bool:
     return value
 
 
+def conv2d_policy(value) -> str:
+    """``conv2d=`` as one of :data:`CONV2D_POLICIES`: True is "auto", False is "never"."""
+    if isinstance(value, bool):
+        return "auto" if value else "never"
+    if not isinstance(value, str):
+        raise TypeError(f"conv2d must be a bool or one of {CONV2D_POLICIES}, got "
+                        f"{type(value).__name__}")
+    if value not in CONV2D_POLICIES:
+        raise ValueError(f"conv2d must be a bool or one of {CONV2D_POLICIES}, got {value!r}")
+    return value
+
+
 def linear_policy(value) -> str:
     """``linear=`` as one of :data:`LINEAR_POLICIES`: True is "fused", False is "never"."""
     if isinstance(value, bool):
@@ -378,7 +427,7 @@ def patch(
     layer_norm: bool = True,
     rms_norm: bool = True,
     linear: bool | str = True,
-    conv2d: bool = True,
+    conv2d: bool | str = True,
     attention: bool = True,
 ) -> dict[str, int]:
     """Swap ``model``'s ``torch.nn.LayerNorm``, ``RMSNorm``, ``Linear``, ``Conv2d`` and
@@ -386,7 +435,9 @@ def patch(
     place, and fuse adjacent pairs inside ``nn.Sequential`` s (see the module docstring).
 
     ``linear``: ``True`` / ``"fused"`` (the default) swaps the Linears that run fused with a
-    neighbour, ``"always"`` every Linear, ``False`` / ``"never"`` none.
+    neighbour, ``"always"`` every Linear, ``False`` / ``"never"`` none. ``conv2d``: ``True`` /
+    ``"auto"`` (the default) swaps the Conv2ds whose weights are NCHW and leaves channels-last
+    ones on cuDNN, ``"always"`` every Conv2d, ``False`` / ``"never"`` none.
 
     Returns the modules swapped per kind (``{"layer_norm": n, "rms_norm": n, "linear": n,
     "conv2d": n, "attention": n}``) as a :class:`PatchCounts` ``dict`` whose ``fused`` attribute
@@ -397,12 +448,14 @@ def patch(
     cannot read). Patching twice changes nothing the second time.
     """
     policy = linear_policy(linear)
+    conv_policy = conv2d_policy(conv2d)
     flags = {
         "layer_norm": check_flag(layer_norm, "layer_norm"),
         "rms_norm": check_flag(rms_norm, "rms_norm"),
         "linear": policy != "never",
-        "conv2d": check_flag(conv2d, "conv2d"),
+        "conv2d": conv_policy != "never",
         "attention": check_flag(attention, "attention"),
     }
-    plan = plan_patch(model, kinds=[kind for kind, on in flags.items() if on], linear=policy)
+    plan = plan_patch(model, kinds=[kind for kind, on in flags.items() if on], linear=policy,
+                      conv2d=conv_policy)
     return apply_plan(plan)

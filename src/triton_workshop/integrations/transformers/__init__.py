@@ -87,6 +87,7 @@ from ...nn.patch import (
     PatchWarning,
     apply_plan,
     check_flag,
+    conv2d_policy,
     linear_policy,
     plan_patch,
     warn_if_interpreted,
@@ -393,7 +394,7 @@ def patch_model(
     rms_norm: bool = True,
     linear: bool | str = True,
     conv1d: bool = True,
-    conv2d: bool = True,
+    conv2d: bool | str = True,
     attention: bool = True,
     rope: bool = True,
     mlp: bool = True,
@@ -413,11 +414,13 @@ def patch_model(
     flags = {
         name: check_flag(value, name)
         for name, value in (("layer_norm", layer_norm), ("rms_norm", rms_norm),
-                            ("conv1d", conv1d), ("conv2d", conv2d), ("attention", attention),
+                            ("conv1d", conv1d), ("attention", attention),
                             ("rope", rope), ("mlp", mlp), ("cross_entropy", cross_entropy),
                             ("add_rms_norm", add_rms_norm))
     }  # fmt: skip
     policy = linear_policy(linear)
+    conv_policy = conv2d_policy(conv2d)
+    flags["conv2d"] = conv_policy != "never"
     register()
     claim, gelu_into, dropout_into = conv1d_claim(policy, flags["conv1d"])
     kinds = [k for k in ("layer_norm", "rms_norm", "conv2d") if flags[k]]
@@ -425,7 +428,7 @@ def patch_model(
         kinds.append("linear")
     if flags["attention"]:
         kinds.append("attention")  # torch.nn.MultiheadAttention, where a model has one
-    plan = plan_patch(model, kinds=kinds, extra=claim, linear=policy)
+    plan = plan_patch(model, kinds=kinds, extra=claim, linear=policy, conv2d=conv_policy)
     for key in EXTRA_COUNT_KEYS:
         plan.counts.setdefault(key, 0)
 
