@@ -27,9 +27,8 @@ from ._common import (
     UNKEYABLE,
     SignatureCache,
     layout_key,
-    stats_dtype,
 )
-from .layer_norm import layer_norm_backward, layer_norm_forward
+from .layer_norm import launch_planned_forward, layer_norm_backward, layer_norm_forward
 from .matmul import launch_matmul, matmul, product_plan, tf32_enabled
 
 
@@ -171,13 +170,8 @@ def _launch_ready(ready, x, ln_weight, ln_bias, weight, bias):
     x2d = x if x.dim() == 2 else x.view(n_rows, n_cols)  # contiguous
     out = x.new_empty(out_shape)
     out2d = out if out.dim() == 2 else out.view(n_rows, -1)
-    ln_out = torch.empty_like(x2d)
-    stats = stats_dtype(x.dtype)
-    mean = x.new_empty(n_rows, dtype=stats)
-    rstd = x.new_empty(n_rows, dtype=stats)
+    ln_out, mean, rstd = launch_planned_forward(ln_plan, x2d, ln_weight, ln_bias, n_rows)
     with runtime.device_guard(x):
-        ln_plan.launch_eager(x2d, ln_weight if ln_weight is not None else x2d,
-                             ln_bias if ln_bias is not None else x2d, ln_out, mean, rstd)
         plan.launch_eager(ln_out, weight.t(), out2d, bias if bias is not None else out2d, out2d)
     return out, ln_out, mean, rstd
 

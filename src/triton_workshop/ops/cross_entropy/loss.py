@@ -60,6 +60,16 @@ def _cross_entropy_forward_fake(x, target, ignore_index, reduction, label_smooth
             x.new_empty(x.shape if compute_grad else (0,)))
 
 
+def _forward_outputs(x, target, ignore_index: int, reduction: str, compute_grad: bool):
+    """The forward's outputs for (N, C) logits ``x``: per-row losses and logsumexps (fp32), a
+    mean's count of targets (None otherwise) and the gradient (an empty placeholder without
+    ``compute_grad``)."""
+    n_rows = x.shape[0]
+    return (x.new_empty(n_rows, dtype=torch.float32), x.new_empty(n_rows, dtype=torch.float32),
+            count_valid(target, ignore_index) if reduction == "mean" else None,
+            x.new_empty(x.shape) if compute_grad else x.new_empty(0))
+
+
 # No autocast policy of its own: under autocast F.cross_entropy (on torch's fp32 lists) casts
 # the logits to fp32; this op reads them as they are (its arithmetic is fp32 anyway) and only
 # returns the fp32 loss that autocast gives (``out_dtype``), without an fp32 copy of the logits.
@@ -79,10 +89,8 @@ def cross_entropy_forward(
     incoming gradient of 1 (a new contiguous tensor in ``x``'s dtype; ``x`` is only read),
     otherwise an empty placeholder."""
     n_rows = x.shape[0]
-    loss_rows = x.new_empty(n_rows, dtype=torch.float32)
-    lse = x.new_empty(n_rows, dtype=torch.float32)
-    count = count_valid(target, ignore_index) if reduction == "mean" else None
-    grad = x.new_empty(x.shape) if compute_grad else x.new_empty(0)
+    loss_rows, lse, count, grad = _forward_outputs(x, target, ignore_index, reduction,
+                                                   compute_grad)
     if n_rows:
         launch_forward(x, target, loss_rows, lse, ignore_index, label_smoothing,
                        grad if compute_grad else None, count if compute_grad else None)
@@ -203,11 +211,8 @@ def _cross_entropy_forward_planned(ctx, x, target, ready):
     the plans kept for it, found at the first such call. ``ready``: ``(ignore_index,
     label_smoothing, reduction, out_dtype, compute_grad, [(forward plan, backward plan)])``."""
     ignore_index, smoothing, reduction, out_dtype, compute_grad, record = ready
-    n_rows = x.shape[0]
-    loss_rows = x.new_empty(n_rows, dtype=torch.float32)
-    lse = x.new_empty(n_rows, dtype=torch.float32)
-    count = count_valid(target, ignore_index) if reduction == "mean" else None
-    grad = x.new_empty(x.shape) if compute_grad else x.new_empty(0)
+    loss_rows, lse, count, grad = _forward_outputs(x, target, ignore_index, reduction,
+                                                   compute_grad)
     if record:
         plan, planned = record[0]
         tensors = ((x, target, lse if count is None else count, loss_rows, lse, grad)

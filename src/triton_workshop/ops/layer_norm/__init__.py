@@ -391,11 +391,10 @@ def _planned_backward(x, weight, bias_dtype, n_rows, n_cols, need):
         dw_dtype, db_dtype, weight is not None, need, x.device), n_cols, dw_dtype, db_dtype)
 
 
-def _layer_norm_forward_planned(ctx, x, weight, bias, ready, _eps):
-    """The eager autograd forward of a kept signature (:func:`layer_norm`'s ``RECORD`` path):
-    :func:`layer_norm_forward` and :func:`_layer_norm_setup_context` with the plans kept for
-    it (the backward's by which inputs need a gradient, found at the first such call)."""
-    norm_ndim, _, n_rows, plan, backward_plans = ready
+def launch_planned_forward(plan, x, weight, bias, n_rows: int):
+    """``(y, mean, rstd)`` of contiguous ``x`` (its rows the normalised ones) with a kept forward
+    plan: the outputs allocated, the plan launched (the eager paths of :func:`layer_norm` and
+    of layer_norm_linear)."""
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
     stats = stats_dtype(x.dtype)
     mean = x.new_empty(n_rows, dtype=stats)
@@ -403,6 +402,15 @@ def _layer_norm_forward_planned(ctx, x, weight, bias, ready, _eps):
     with runtime.device_guard(x):
         plan.launch_eager(x, weight if weight is not None else x,
                           bias if bias is not None else x, y, mean, rstd)
+    return y, mean, rstd
+
+
+def _layer_norm_forward_planned(ctx, x, weight, bias, ready, _eps):
+    """The eager autograd forward of a kept signature (:func:`layer_norm`'s ``RECORD`` path):
+    :func:`layer_norm_forward` and :func:`_layer_norm_setup_context` with the plans kept for
+    it (the backward's by which inputs need a gradient, found at the first such call)."""
+    norm_ndim, _, n_rows, plan, backward_plans = ready
+    y, mean, rstd = launch_planned_forward(plan, x, weight, bias, n_rows)
     ctx.mark_non_differentiable(mean, rstd)
     ctx.set_materialize_grads(False)
     ctx.save_for_backward(x, weight, mean, rstd)
@@ -474,15 +482,7 @@ def layer_norm(
         if ready is not None:
             if path == runtime.RECORD:
                 return layer_norm_forward.record_planned(x, weight, bias, ready, eps)[0]
-            _, _, n_rows, plan, _ = ready
-            y = torch.empty_like(x, memory_format=torch.contiguous_format)
-            stats = stats_dtype(x.dtype)
-            mean = x.new_empty(n_rows, dtype=stats)
-            rstd = x.new_empty(n_rows, dtype=stats)
-            with runtime.device_guard(x):
-                plan.launch_eager(x, weight if weight is not None else x,
-                                  bias if bias is not None else x, y, mean, rstd)
-            return y
+            return launch_planned_forward(ready[3], x, weight, bias, ready[2])[0]
     norm_ndim, checked_eps = _CALLS.checked(_call_key, _check_args, x, normalized_shape, weight,
                                             bias, eps)
     y, _, _ = layer_norm_forward(x, weight, bias, norm_ndim, checked_eps)
