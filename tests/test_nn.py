@@ -332,6 +332,53 @@ def test_multihead_attention_causal_and_unbatched():
     assert out.shape == (9, 24) and w.shape == (9, 9)
 
 
+@pytest.mark.parametrize("batch_first", [False, True], ids=["seq-first", "batch-first"])
+@pytest.mark.parametrize("need_weights", [False, True], ids=["no-weights", "weights"])
+def test_multihead_attention_key_padding_mask_matches_torch(batch_first, need_weights):
+    ref, ours = _torch_and_ours(batch_first=batch_first)
+    x = rand(3, 7, 24, seed=60) if batch_first else rand(7, 3, 24, seed=60)
+    padding = torch.zeros(3, 7, dtype=torch.bool, device=DEVICE)
+    padding[0, 4:] = True
+    padding[1, 0] = True
+    if not need_weights:  # every key padding: torch's training path gives the projected zeros
+        padding[2] = True
+    x_ref, x_ours = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out_ref, w_ref = ref(x_ref, x_ref, x_ref, key_padding_mask=padding, need_weights=need_weights)
+    out, w = ours(x_ours, x_ours, x_ours, key_padding_mask=padding, need_weights=need_weights)
+    torch.testing.assert_close(out, out_ref, rtol=1e-4, atol=1e-4)
+    if need_weights:
+        torch.testing.assert_close(w, w_ref, rtol=1e-5, atol=1e-5)
+    dy = rand(*out.shape, seed=61)
+    out_ref.backward(dy)
+    out.backward(dy)
+    torch.testing.assert_close(x_ours.grad, x_ref.grad, rtol=1e-4, atol=1e-4)
+    for (name, p), q in zip(ours.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4, msg=name)
+
+
+def test_multihead_attention_dropout_while_training():
+    """Dropout in the kernel: a seeded run repeats, another seed differs, eval mode is torch's
+    output without dropout, and the backward regenerates the forward's mask."""
+    ref, ours = _torch_and_ours(batch_first=True)
+    ref.dropout = ours.dropout = 0.3
+    x = rand(2, 9, 24, seed=70)
+
+    def run(seed):
+        torch.manual_seed(seed)
+        xg = x.clone().requires_grad_()
+        out = ours(xg, xg, xg, need_weights=False)[0]
+        out.backward(torch.ones_like(out))
+        return out.detach(), xg.grad
+
+    (a, grad_a), (b, grad_b), (c, _) = run(1), run(1), run(2)
+    assert torch.equal(a, b) and torch.equal(grad_a, grad_b) and not torch.equal(a, c)
+    ours.eval(), ref.eval()
+    with torch.no_grad():
+        plain = ours(x, x, x, need_weights=False)[0]
+        torch.testing.assert_close(plain, ref(x, x, x, need_weights=False)[0], rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(a, plain, atol=1e-3)
+
+
 def test_multihead_attention_errors():
     with pytest.raises(ValueError, match="divisible by num_heads"):
         tw.MultiheadAttention(30, 4)
@@ -341,12 +388,15 @@ def test_multihead_attention_errors():
         tw.MultiheadAttention(16, 2, kdim=8)
     mha = tw.MultiheadAttention(16, 2, dropout=0.1, device=DEVICE)
     x = rand(5, 2, 16, seed=50)
-    with pytest.raises(ValueError, match="dropout"):
-        mha(x, x, x)
+    with pytest.raises(ValueError, match="dropout .* need_weights=True"):
+        mha(x, x, x)  # torch would return the weights after its dropout
+    mha(x, x, x, need_weights=False)  # dropout in the kernel
     mha.eval()
     mha(x, x, x)  # dropout is off in eval mode
-    with pytest.raises(ValueError, match="key_padding_mask"):
-        mha(x, x, x, key_padding_mask=torch.zeros(2, 5, dtype=torch.bool, device=DEVICE))
+    with pytest.raises(ValueError, match=r"key_padding_mask must be a bool tensor of shape \(2, 5\)"):
+        mha(x, x, x, key_padding_mask=torch.zeros(2, 5, device=DEVICE))  # float: torch's module
+    with pytest.raises(ValueError, match="key_padding_mask must be"):
+        mha(x, x, x, key_padding_mask=torch.zeros(5, 2, dtype=torch.bool, device=DEVICE))
     with pytest.raises(ValueError, match="attn_mask"):
         mha(x, x, x, attn_mask=torch.zeros(5, 5, device=DEVICE))
     with pytest.raises(ValueError, match="query must be"):

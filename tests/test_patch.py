@@ -409,9 +409,41 @@ def test_attention_calls_the_kernel_cannot_take_run_on_torch():
         # In eval, dropout does not apply: the fused path, no warning.
         torch.testing.assert_close(holder["attn"](x, x, x)[0], reference["attn"](x, x, x)[0], **TOL)
     holder.train()
-    with pytest.warns(PatchWarning, match="dropout=0.5 while training"):
-        out = holder["attn"](x, x, x, need_weights=False)[0]
-    assert out.shape == x.shape
+    with pytest.warns(PatchWarning, match="dropout=0.5 while training with need_weights=True"):
+        out, weights = holder["attn"](x, x, x)
+    assert out.shape == x.shape and weights.shape == (2, 5, 5)
+    float_padding = torch.zeros(2, 5, device=x.device).masked_fill(padding, float("-inf"))
+    with pytest.warns(PatchWarning, match="a float key_padding_mask"):
+        holder["attn"](x, x, x, key_padding_mask=float_padding, need_weights=False)
+
+
+def test_attention_with_a_padding_mask_or_dropout_runs_in_the_kernel(monkeypatch):
+    """A bool key_padding_mask, and dropout while training, with need_weights=False (what
+    nn.TransformerEncoderLayer asks): the fused kernel, no warning; the mask as torch's."""
+    import triton_workshop.nn.modules as modules
+
+    calls = []
+    real = modules.attention
+    monkeypatch.setattr(modules, "attention", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
+    torch.manual_seed(0)
+    holder = nn.ModuleDict({"attn": nn.MultiheadAttention(16, 4, dropout=0.5, batch_first=True)})
+    holder = holder.to(DEVICE)
+    reference = copy.deepcopy(holder)
+    patch_quietly(holder)
+    x = rand(2, 5, 16, seed=1)
+    padding = torch.zeros(2, 5, dtype=torch.bool, device=x.device)
+    padding[0, -2:] = True
+    holder.eval(), reference.eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PatchWarning)
+        out = holder["attn"](x, x, x, key_padding_mask=padding, need_weights=False)[0]
+        torch.testing.assert_close(
+            out, reference["attn"](x, x, x, key_padding_mask=padding, need_weights=False)[0], **TOL)
+        assert calls[-1]["dropout_p"] == 0.0 and calls[-1]["key_padding_mask"].tolist() == [
+            [True, True, True, False, False], [True] * 5]
+        holder.train()
+        holder["attn"](x, x, x, need_weights=False)
+        assert calls[-1]["dropout_p"] == 0.5
 
 
 # ---------------------------------------------------------------------------------------------

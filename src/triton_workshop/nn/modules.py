@@ -387,9 +387,13 @@ class MultiheadAttention(nn.Module):
     head, as torch does): pass ``need_weights=False`` for the fused path alone.
     ``is_causal=True`` applies the causal mask (key j hidden from query i when j > i, as
     ``F.scaled_dot_product_attention``); ``attn_mask`` may accompany it as torch's hint, and is
-    then taken to be that causal mask (its values are not read). Not supported, with a
-    ``ValueError``: other ``attn_mask``\\ s, ``key_padding_mask``, dropout while training,
-    ``add_bias_kv``, ``add_zero_attn``, ``kdim``/``vdim`` other than ``embed_dim``.
+    then taken to be that causal mask (its values are not read). A bool ``key_padding_mask``
+    ((N, S), True for a padding key) and ``dropout`` while training run in the kernel (dropout
+    with ``need_weights=False``: torch returns the weights its dropout was applied to); a batch
+    element whose keys are all padding gives the out-projection of zeros, as torch's training
+    path does. Not supported, with a ``ValueError``: float key padding masks, other
+    ``attn_mask``\\ s, ``add_bias_kv``, ``add_zero_attn``, ``kdim``/``vdim`` other than
+    ``embed_dim``.
 
     Under ``torch.autocast`` it computes as torch's module does: projections and attention in
     the autocast dtype, weights (``need_weights``) in the dtype torch's softmax gives. As the
@@ -466,7 +470,8 @@ class MultiheadAttention(nn.Module):
             nn.init.constant_(self.in_proj_bias, 0.0)
             nn.init.constant_(self.out_proj.bias, 0.0)
 
-    def _check(self, query, key, value, key_padding_mask, attn_mask, is_causal) -> None:
+    def _check(self, query, key, value, key_padding_mask, attn_mask, is_causal,
+               need_weights=False) -> None:
         if any(isinstance(t, torch.Tensor) and t.is_nested for t in (query, key, value)):
             raise ValueError(
                 "nested tensors are not supported (torch.nn.TransformerEncoder makes them from a "
@@ -489,15 +494,23 @@ class MultiheadAttention(nn.Module):
                 f" (batch_first={self.batch_first})"
             )
         if key_padding_mask is not None:
-            raise ValueError("key_padding_mask is not supported (pad the batch or use torch's module)")
+            keys = key.shape[0] if query.dim() == 2 or not self.batch_first else key.shape[1]
+            want = (keys,) if query.dim() == 2 else (key.shape[batch_dim], keys)
+            if (not isinstance(key_padding_mask, torch.Tensor) or key_padding_mask.dtype != torch.bool
+                    or tuple(key_padding_mask.shape) != want):
+                got = (f"{key_padding_mask.dtype} {tuple(key_padding_mask.shape)}"
+                       if isinstance(key_padding_mask, torch.Tensor) else type(key_padding_mask).__name__)
+                raise ValueError(f"key_padding_mask must be a bool tensor of shape {want} (True: a "
+                                 f"padding key, ignored), got {got}; float masks need torch's module")
         if attn_mask is not None and not is_causal:
             raise ValueError(
                 "attn_mask is supported only as the causal hint (with is_causal=True); "
                 "other masks need torch.nn.MultiheadAttention"
             )
-        if self.training and self.dropout > 0.0:
+        if self.training and self.dropout > 0.0 and need_weights:
             raise ValueError(
-                f"dropout ({self.dropout}) is not supported while training: use dropout=0.0 or .eval()"
+                f"dropout ({self.dropout}) while training with need_weights=True: torch returns the "
+                "weights its dropout was applied to; pass need_weights=False, or use .eval()"
             )
 
     def forward(
@@ -511,7 +524,7 @@ class MultiheadAttention(nn.Module):
         average_attn_weights: bool = True,
         is_causal: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        self._check(query, key, value, key_padding_mask, attn_mask, is_causal)
+        self._check(query, key, value, key_padding_mask, attn_mask, is_causal, need_weights)
         self_attention = query is key and key is value
         unbatched = query.dim() == 2
         if unbatched:
@@ -535,11 +548,14 @@ class MultiheadAttention(nn.Module):
             q = heads_of(linear(query, wq, bq), tgt_len)
             k = heads_of(linear(key, wk, bk), src_len)
             v = heads_of(linear(value, wv, bv), src_len)
-        out = attention(q, k, v, causal=is_causal)  # (N, H, L, D)
+        # torch's key_padding_mask is True for a padding key, the kernel's for a key it may see.
+        keep = None if key_padding_mask is None else ~key_padding_mask.reshape(batch, src_len)
+        out = attention(q, k, v, causal=is_causal, key_padding_mask=keep,
+                        dropout_p=self.dropout if self.training else 0.0)  # (N, H, L, D)
         out = self.out_proj(out.transpose(1, 2).reshape(batch, tgt_len, embed))
         weights = None
         if need_weights:
-            weights = self._weights(q, k, is_causal, average_attn_weights)
+            weights = self._weights(q, k, is_causal, average_attn_weights, keep)
             if unbatched:
                 weights = weights.squeeze(0)
         if unbatched:
@@ -548,7 +564,7 @@ class MultiheadAttention(nn.Module):
             out = out.transpose(0, 1).contiguous()  # torch returns it contiguous (L, N, E)
         return out, weights
 
-    def _weights(self, q, k, causal: bool, average: bool) -> torch.Tensor:
+    def _weights(self, q, k, causal: bool, average: bool, keep=None) -> torch.Tensor:
         """softmax(q kᵀ / sqrt(D)) with PyTorch, (N, L, S) averaged over heads or (N, H, L, S)."""
         # In fp32 whatever the caller's autocast (which would compute the product in its low
         # precision); the result takes the dtype torch.softmax gives under it (see the return).
@@ -558,6 +574,8 @@ class MultiheadAttention(nn.Module):
             tgt_len, src_len = scores.shape[-2:]
             hidden = torch.ones(tgt_len, src_len, dtype=torch.bool, device=scores.device).triu(1)
             scores = scores.masked_fill(hidden, float("-inf"))
+        if keep is not None:
+            scores = scores.masked_fill(~keep[:, None, None, :], float("-inf"))
         weights = torch.softmax(scores, dim=-1)
         if average:
             weights = weights.mean(dim=1)

@@ -2,8 +2,9 @@
 
 :class:`PatchedMultiheadAttention` is :class:`triton_workshop.nn.MultiheadAttention` (the fused
 kernel) for the calls that kernel computes, and ``torch.nn.MultiheadAttention.forward`` on the same
-parameters for the rest (a key padding mask, a mask other than the causal hint, dropout while
-training), each reason said once per module in a :class:`~.patch_report.PatchWarning`.
+parameters for the rest (a float key padding mask, a mask other than the causal hint, a key padding
+mask or dropout while training together with ``need_weights=True``), each reason said once per
+module in a :class:`~.patch_report.PatchWarning`.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from .patch_report import PatchWarning
 class PatchedMultiheadAttention(tw.MultiheadAttention):
     """:class:`triton_workshop.nn.MultiheadAttention` that hands the calls its fused path cannot
     take to torch's own ``nn.MultiheadAttention.forward`` on the same parameters (a
-    ``key_padding_mask``, an ``attn_mask`` that is not the causal hint, dropout while training),
-    saying so once per module and reason in a :class:`PatchWarning`. The rest runs in Triton."""
+    float ``key_padding_mask``, an ``attn_mask`` that is not the causal hint, a key padding mask or
+    dropout while training with ``need_weights=True``), saying so once per module and reason in a
+    :class:`PatchWarning`. The rest runs in Triton."""
 
     def forward(
         self,
@@ -35,12 +37,16 @@ class PatchedMultiheadAttention(tw.MultiheadAttention):
         is_causal: bool = False,
     ):
         reason = None
-        if key_padding_mask is not None:
-            reason = "a key_padding_mask"
+        if key_padding_mask is not None and key_padding_mask.dtype != torch.bool:
+            reason = "a float key_padding_mask"
+        elif key_padding_mask is not None and need_weights:
+            # torch's weights path computes a batch element whose keys are all padding as NaN,
+            # the kernel as zeros: identical results only without weights.
+            reason = "a key_padding_mask with need_weights=True"
         elif attn_mask is not None and not is_causal:
             reason = "an attn_mask other than the causal hint"
-        elif self.training and self.dropout > 0.0:
-            reason = f"dropout={self.dropout} while training"
+        elif self.training and self.dropout > 0.0 and need_weights:
+            reason = f"dropout={self.dropout} while training with need_weights=True"
         if reason is None:
             return super().forward(
                 query, key, value, key_padding_mask, need_weights, attn_mask,
@@ -60,8 +66,9 @@ class PatchedMultiheadAttention(tw.MultiheadAttention):
             warned.add(reason)
             warnings.warn(
                 f"MultiheadAttention(embed_dim={self.embed_dim}, num_heads={self.num_heads}) got "
-                f"{reason}: torch's MultiheadAttention computes these calls (Triton's fused "
-                "attention takes no masks other than causal, and no dropout)",
+                f"{reason}: torch's MultiheadAttention computes these calls (the fused "
+                "attention takes bool key padding masks, the causal mask and dropout, with "
+                "need_weights=False)",
                 PatchWarning,
                 stacklevel=3,
             )
