@@ -289,12 +289,17 @@ def test_multihead_attention_initialises_like_torch():
 def test_multihead_attention_self_attention_matches_torch(batch_first, need_weights, average):
     ref, ours = _torch_and_ours(batch_first=batch_first)
     x = rand(2, 11, 24, seed=20) if batch_first else rand(11, 2, 24, seed=20)
+    _self_attention_matches(ref, ours, x, need_weights=need_weights, average_attn_weights=average)
+
+
+def _self_attention_matches(ref, ours, x, **kwargs):
+    """Self-attention of ``x`` through torch's module and ours: outputs, weights (if asked) and
+    the gradients of the input and of every parameter."""
     x_ref, x_ours = x.clone().requires_grad_(), x.clone().requires_grad_()
-    out_ref, w_ref = ref(x_ref, x_ref, x_ref, need_weights=need_weights,
-                         average_attn_weights=average)
-    out, w = ours(x_ours, x_ours, x_ours, need_weights=need_weights, average_attn_weights=average)
+    out_ref, w_ref = ref(x_ref, x_ref, x_ref, **kwargs)
+    out, w = ours(x_ours, x_ours, x_ours, **kwargs)
     torch.testing.assert_close(out, out_ref, rtol=1e-4, atol=1e-4)
-    if need_weights:
+    if kwargs.get("need_weights", True):
         torch.testing.assert_close(w, w_ref, rtol=1e-5, atol=1e-5)
     else:
         assert w is None and w_ref is None
@@ -342,18 +347,7 @@ def test_multihead_attention_key_padding_mask_matches_torch(batch_first, need_we
     padding[1, 0] = True
     if not need_weights:  # every key padding: torch's training path gives the projected zeros
         padding[2] = True
-    x_ref, x_ours = x.clone().requires_grad_(), x.clone().requires_grad_()
-    out_ref, w_ref = ref(x_ref, x_ref, x_ref, key_padding_mask=padding, need_weights=need_weights)
-    out, w = ours(x_ours, x_ours, x_ours, key_padding_mask=padding, need_weights=need_weights)
-    torch.testing.assert_close(out, out_ref, rtol=1e-4, atol=1e-4)
-    if need_weights:
-        torch.testing.assert_close(w, w_ref, rtol=1e-5, atol=1e-5)
-    dy = rand(*out.shape, seed=61)
-    out_ref.backward(dy)
-    out.backward(dy)
-    torch.testing.assert_close(x_ours.grad, x_ref.grad, rtol=1e-4, atol=1e-4)
-    for (name, p), q in zip(ours.named_parameters(), ref.parameters()):
-        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4, msg=name)
+    _self_attention_matches(ref, ours, x, key_padding_mask=padding, need_weights=need_weights)
 
 
 def test_multihead_attention_dropout_while_training():
