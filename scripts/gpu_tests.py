@@ -66,6 +66,10 @@ def start(name: str, args: list[str], device: str | None, out: Path, workers: in
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])))
     if device is not None:
         env["CUDA_VISIBLE_DEVICES"] = device
+    # Not inherited (this script run from inside a test): a worker's number and GPU count
+    # would pick its GPU again in every process of this run.
+    for name in ("TRITON_WORKSHOP_WORKER_GPUS", "PYTEST_XDIST_WORKER"):
+        env.pop(name, None)
     if spread_over:
         env["TRITON_WORKSHOP_WORKER_GPUS"] = str(spread_over)
     has_xdist = subprocess.run([sys.executable, "-c", "import xdist"], capture_output=True).returncode == 0
