@@ -68,8 +68,8 @@ def start(name: str, args: list[str], device: str | None, out: Path, workers: in
         env["CUDA_VISIBLE_DEVICES"] = device
     # Not inherited (this script run from inside a test): a worker's number and GPU count
     # would pick its GPU again in every process of this run.
-    for name in ("TRITON_WORKSHOP_WORKER_GPUS", "PYTEST_XDIST_WORKER"):
-        env.pop(name, None)
+    for variable in ("TRITON_WORKSHOP_WORKER_GPUS", "PYTEST_XDIST_WORKER"):
+        env.pop(variable, None)
     if spread_over:
         env["TRITON_WORKSHOP_WORKER_GPUS"] = str(spread_over)
     has_xdist = subprocess.run([sys.executable, "-c", "import xdist"], capture_output=True).returncode == 0
@@ -84,19 +84,22 @@ def start(name: str, args: list[str], device: str | None, out: Path, workers: in
 def wait_all(runs: list[tuple], deadline: float) -> dict[str, tuple[int | None, float]]:
     """Each run's exit code (None: stopped at the deadline) and seconds."""
     done: dict[str, tuple[int | None, float]] = {}
-    while len(done) < len(runs):
-        for name, proc, log, started in runs:
-            if name in done:
-                continue
+    pending = list(runs)
+    while pending:
+        for run in list(pending):
+            name, proc, log, started = run
             if proc.poll() is not None:
                 done[name] = (proc.returncode, time.monotonic() - started)
             elif time.monotonic() > deadline:
                 os.killpg(proc.pid, 9)
                 proc.wait()
                 done[name] = (None, time.monotonic() - started)
-            if name in done:
-                log.close()
-        time.sleep(1)
+            else:
+                continue
+            log.close()
+            pending.remove(run)
+        if pending:
+            time.sleep(1)
     return done
 
 
