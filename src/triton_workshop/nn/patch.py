@@ -40,7 +40,8 @@ by one when a hook sits on any of them.
 Triton kernel is the faster one: norms and attention always; a ``Conv2d`` whose weight is NCHW
 (the Triton kernel ran at 1.2x cuDNN's NCHW convolution on an H100), not a channels-last one
 (0.83-0.86x cuDNN's NHWC kernels: it stays on torch, listed in ``skipped``; ``conv2d="always"``
-swaps it); a ``Linear`` only where something runs fused with it (an activation in its epilogue, a LayerNorm before it, inside a Sequential as above).
+swaps it); a ``Linear`` only where something runs fused with it (an activation in its
+epilogue, a LayerNorm before it, inside a Sequential as above).
 A plain ``Linear`` with nothing to fuse is the same matmul either way, and cuBLAS runs it with less
 host time a call, so it stays on torch, listed in ``skipped`` (with ``policy=True``; no warning).
 ``linear="always"`` swaps every ``Linear``; ``linear=True`` is the default ``"fused"`` rule;
@@ -225,9 +226,9 @@ def plan_patch(model: nn.Module, *, kinds: Iterable[str], extra=None, linear: st
         plan.counts[kind] = plan.counts.get(kind, 0) + 1
     fused_ids = _plan_sequentials(model, plan)
     if linear == "fused":
-        _keep_unfused_linears_on_torch(plan, fused_ids)
+        _keep_on_torch(plan, "linear", lambda m: id(m) not in fused_ids, UNFUSED_LINEAR)
     if conv2d == "auto":
-        _keep_channels_last_convs_on_torch(plan)
+        _keep_on_torch(plan, "conv2d", lambda m: _channels_last(m.weight), CHANNELS_LAST_CONV)
     _plan_encoders(model, plan)
     return plan
 
@@ -239,13 +240,15 @@ UNFUSED_LINEAR = PolicyReason(
 )
 
 
-def _keep_unfused_linears_on_torch(plan: Plan, fused_ids: set[int]) -> None:
+def _keep_on_torch(plan: Plan, kind: str, stays, reason: PolicyReason) -> None:
+    """Take back the planned swaps of ``kind`` whose target ``stays(target)`` says to leave on
+    torch, listing each in ``skipped`` with ``reason`` (a rule's choice, not a limitation)."""
     kept = []
     for swap in plan.swaps:
-        target, _, kind, name = swap
-        if kind == "linear" and id(target) not in fused_ids:
-            plan.counts["linear"] -= 1
-            plan.skip(name, "linear", UNFUSED_LINEAR)
+        target, _, swap_kind, name = swap
+        if swap_kind == kind and stays(target):
+            plan.counts[kind] -= 1
+            plan.skip(name, kind, reason)
         else:
             kept.append(swap)
     plan.swaps[:] = kept
@@ -263,18 +266,6 @@ def _channels_last(weight: torch.Tensor) -> bool:
     coincide, and such a weight counts as NCHW)."""
     return (weight.dim() == 4 and weight.is_contiguous(memory_format=torch.channels_last)
             and not weight.is_contiguous())
-
-
-def _keep_channels_last_convs_on_torch(plan: Plan) -> None:
-    kept = []
-    for swap in plan.swaps:
-        target, _, kind, name = swap
-        if kind == "conv2d" and _channels_last(target.weight):
-            plan.counts["conv2d"] -= 1
-            plan.skip(name, "conv2d", CHANNELS_LAST_CONV)
-        else:
-            kept.append(swap)
-    plan.swaps[:] = kept
 
 
 def _plan_encoders(model: nn.Module, plan: Plan) -> None:
@@ -398,27 +389,26 @@ def check_flag(value, name: str) -> bool:
     return value
 
 
+def _policy(value, name: str, policies: tuple) -> str:
+    """``value`` of a rule argument as one of ``policies``: True is the first (the default
+    rule), False is "never"."""
+    if isinstance(value, bool):
+        return policies[0] if value else "never"
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a bool or one of {policies}, got {type(value).__name__}")
+    if value not in policies:
+        raise ValueError(f"{name} must be a bool or one of {policies}, got {value!r}")
+    return value
+
+
 def conv2d_policy(value) -> str:
     """``conv2d=`` as one of :data:`CONV2D_POLICIES`: True is "auto", False is "never"."""
-    if isinstance(value, bool):
-        return "auto" if value else "never"
-    if not isinstance(value, str):
-        raise TypeError(f"conv2d must be a bool or one of {CONV2D_POLICIES}, got "
-                        f"{type(value).__name__}")
-    if value not in CONV2D_POLICIES:
-        raise ValueError(f"conv2d must be a bool or one of {CONV2D_POLICIES}, got {value!r}")
-    return value
+    return _policy(value, "conv2d", CONV2D_POLICIES)
 
 
 def linear_policy(value) -> str:
     """``linear=`` as one of :data:`LINEAR_POLICIES`: True is "fused", False is "never"."""
-    if isinstance(value, bool):
-        return "fused" if value else "never"
-    if not isinstance(value, str):
-        raise TypeError(f"linear must be a bool or one of {LINEAR_POLICIES}, got {type(value).__name__}")
-    if value not in LINEAR_POLICIES:
-        raise ValueError(f"linear must be a bool or one of {LINEAR_POLICIES}, got {value!r}")
-    return value
+    return _policy(value, "linear", LINEAR_POLICIES)
 
 
 def patch(
