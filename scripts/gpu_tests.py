@@ -5,9 +5,10 @@
 The suite is about 3,300 tests; on one H100 with a dozen pytest-xdist workers it takes longer
 than a 10-minute call. Here it runs as one pytest-xdist run with ``--workers`` processes a GPU,
 each worker on one GPU (``CUDA_VISIBLE_DEVICES``, set by tests/conftest.py from the worker's
-number), all taking tests from one queue, the big-memory tests left out; then the big-memory
-tests (several GiB each), one process a GPU, each with its share of the files, so that nothing
-else competes for a GPU's memory. ``--shards N`` instead deals the files into N runs, balanced by
+number), all taking tests from one queue, the big-memory tests left out; with three GPUs or
+more the last GPU runs the big-memory tests (several GiB each) meanwhile, one at a time;
+otherwise they follow the queue, one process a GPU, each with its share of the files, so that
+nothing else competes for a GPU's memory. ``--shards N`` instead deals the files into N runs, balanced by
 file size (a rough measure of a file's tests), each on its own GPU. Without a GPU there is one
 shard, on the CPU.
 
@@ -118,21 +119,27 @@ def main(argv: list[str] | None = None) -> int:
     gpus = gpu_count()
     files = [a for a in args.pytest_args if a.endswith(".py")] or sorted(str(p) for p in (ROOT / "tests").glob("test_*.py"))
     options = [a for a in args.pytest_args if not a.endswith(".py")]
+    marked = [ROOT / f for f in files if "big_memory" in (ROOT / f).read_text(errors="replace")]
+    big_alongside = args.shards is None and gpus > 2 and bool(marked)
     if args.shards is None and gpus > 1:
         # One queue of tests for every worker of every GPU: no GPU idles at the end while
-        # another still has its files' slow tests to run.
+        # another still has its files' slow tests to run. With three GPUs or more, the last
+        # one runs the big-memory tests meanwhile, one at a time, with its memory to itself.
+        queue_gpus = gpus - 1 if big_alongside else gpus
         runs = [start("shard0", [*files, "-m", "not big_memory", *options], None, args.out,
-                      args.workers * gpus, spread_over=gpus)]
+                      args.workers * gpus, spread_over=queue_gpus)]
+        if big_alongside:
+            runs.append(start("big-memory", [*map(str, marked), "-m", "big_memory", *options],
+                              str(gpus - 1), args.out, 1))
     else:
         groups = [g for g in deal([ROOT / f for f in files], args.shards or 1) if g]
         runs = [start(f"shard{i}", [*map(str, g), "-m", "not big_memory", *options],
                       str(i % gpus) if gpus else None, args.out, args.workers)
                 for i, g in enumerate(groups)]
     results = wait_all(runs, deadline)
-    if time.monotonic() < deadline - 10:
+    if not big_alongside and time.monotonic() < deadline - 10:
         # One process a GPU, each with its own share of the files: a big-memory test has its
         # GPU to itself, and the dozen of them take a quarter of the time on four GPUs.
-        marked = [ROOT / f for f in files if "big_memory" in (ROOT / f).read_text(errors="replace")]
         big_groups = [g for g in deal(marked, max(gpus, 1)) if g]
         big = [start("big-memory" if len(big_groups) == 1 else f"big-memory{i}",
                      [*map(str, g), "-m", "big_memory", *options], str(i) if gpus else None,

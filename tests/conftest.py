@@ -27,12 +27,24 @@ import torch  # noqa: E402  (after the GPU is chosen)
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
+#: Tests allowed this long (pytest-timeout's marker) are the suite's slowest: minutes each.
+SLOW_SECONDS = 300
+
+
+def _allowed_seconds(item) -> float:
+    marker = item.get_closest_marker("timeout")
+    return float(marker.args[0]) if marker is not None and marker.args else 0.0
+
+
 def pytest_collection_modifyitems(config, items):
     # Under pytest-xdist with --dist loadgroup (scripts/gpu_check.sh) one worker runs them all, in
     # turn: two at once in different workers could exhaust an 80 GB GPU.
     for item in items:
         if item.get_closest_marker("big_memory") is not None:
             item.add_marker(pytest.mark.xdist_group("big_memory"))
+    # The slowest tests first (a stable sort keeps the rest in order): xdist deals tests in
+    # this order, and one of minutes dealt last keeps a whole run waiting for it alone.
+    items.sort(key=lambda item: _allowed_seconds(item) < SLOW_SECONDS)
 
 
 def pytest_runtest_logreport(report):

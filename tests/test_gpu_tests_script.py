@@ -75,3 +75,17 @@ def test_the_worker_sees_its_gpu():
     if want is None:
         pytest.skip("run by test_a_spread_run_gives_each_worker_its_gpu")
     assert os.environ["CUDA_VISIBLE_DEVICES"] == want
+
+
+def test_the_slowest_tests_are_collected_first():
+    """tests/conftest.py puts the tests allowed minutes (pytest-timeout's marker) at the front:
+    xdist deals in collection order, and one dealt last would keep the whole queue waiting."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                          "tests/test_readme.py", "tests/test_slides.py"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    ids = [line for line in run.stdout.splitlines() if "::" in line]
+    assert ids and ids[0].startswith("tests/test_slides.py::test_python_blocks_run"), ids[:3]
+    assert any(i.startswith("tests/test_readme.py") for i in ids[1:])
