@@ -166,16 +166,21 @@ def test_conv2d_policy_values():
         patch_quietly(model, conv2d=1)
 
 
+@pytest.mark.parametrize("linear", ["fused", "always"])
 @pytest.mark.parametrize("batch_first", [True, False])
-def test_multihead_attention_self_and_cross(batch_first):
+def test_multihead_attention_self_and_cross(batch_first, linear):
     torch.manual_seed(0)
     mha = nn.MultiheadAttention(16, 4, batch_first=batch_first).to(DEVICE)
     holder = nn.ModuleDict({"attn": mha})
     reference = copy.deepcopy(holder)
-    assert patch_quietly(holder) == counts(attention=1)
+    assert patch_quietly(holder, linear=linear) == counts(attention=1)
     assert type(holder["attn"]) is PatchedMultiheadAttention
     assert isinstance(holder["attn"], tw.MultiheadAttention)
-    assert type(holder["attn"].out_proj) is tw.Linear
+    # The projections are plain matmuls: on cuBLAS unless every Linear is asked for.
+    every = linear == "always"
+    assert holder["attn"].cublas_projections is not every
+    assert (type(holder["attn"].out_proj) is tw.Linear) is every
+    assert "out_proj" not in [s.name.rsplit(".", 1)[-1] for s in patch_quietly(holder).skipped]
     x = rand(3, 5, 16, seed=4) if batch_first else rand(5, 3, 16, seed=4)
     kv = rand(3, 7, 16, seed=5) if batch_first else rand(7, 3, 16, seed=5)
 

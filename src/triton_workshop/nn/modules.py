@@ -20,6 +20,7 @@ import numbers
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from ..ops.attention import attention
 from ..ops.layer_norm import layer_norm
@@ -404,6 +405,11 @@ class MultiheadAttention(nn.Module):
 
     __constants__ = ["batch_first"]
 
+    #: True: the projections are ``F.linear`` (cuBLAS) instead of :func:`linear`, as
+    #: :func:`~triton_workshop.nn.patch` sets them unless asked for every Linear: nothing is
+    #: fused into them, and torch's call costs less host time.
+    cublas_projections: bool = False
+
     def __init__(
         self,
         embed_dim: int,
@@ -535,19 +541,20 @@ class MultiheadAttention(nn.Module):
         src_len = key.shape[1]
         heads, head_dim = self.num_heads, self.head_dim
         w, b = self.in_proj_weight, self.in_proj_bias
+        project = F.linear if self.cublas_projections else linear
 
         def heads_of(t, length):  # (N, L, E) -> (N, H, L, D), a view
             return t.reshape(batch, length, heads, head_dim).transpose(1, 2)
 
         if self_attention:
-            qkv = linear(query, w, b).view(batch, tgt_len, 3, heads, head_dim)
+            qkv = project(query, w, b).view(batch, tgt_len, 3, heads, head_dim)
             q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
         else:
             bq, bk, bv = (None, None, None) if b is None else b.chunk(3)
             wq, wk, wv = w.chunk(3)
-            q = heads_of(linear(query, wq, bq), tgt_len)
-            k = heads_of(linear(key, wk, bk), src_len)
-            v = heads_of(linear(value, wv, bv), src_len)
+            q = heads_of(project(query, wq, bq), tgt_len)
+            k = heads_of(project(key, wk, bk), src_len)
+            v = heads_of(project(value, wv, bv), src_len)
         # torch's key_padding_mask is True for a padding key, the kernel's for a key it may see.
         keep = None if key_padding_mask is None else ~key_padding_mask.reshape(batch, src_len)
         out = attention(q, k, v, causal=is_causal, key_padding_mask=keep,

@@ -229,8 +229,26 @@ def plan_patch(model: nn.Module, *, kinds: Iterable[str], extra=None, linear: st
         _keep_on_torch(plan, "linear", lambda m: id(m) not in fused_ids, UNFUSED_LINEAR)
     if conv2d == "auto":
         _keep_on_torch(plan, "conv2d", lambda m: _channels_last(m.weight), CHANNELS_LAST_CONV)
+    if linear != "always":
+        _projections_on_cublas(plan)
     _plan_encoders(model, plan)
     return plan
+
+
+def _projections_on_cublas(plan: Plan) -> None:
+    """The swapped attentions' projections stay plain matmuls on cuBLAS, as a plain Linear does
+    under every rule but ``linear='always'``: nothing is fused into them, and each of ours
+    would cost more host time a call. Their out_proj stays torch's Linear."""
+    kept = []
+    for swap in plan.swaps:
+        target, template, kind, name = swap
+        if kind != "attention":
+            kept.append(swap)
+        elif isinstance(template, tw.MultiheadAttention):
+            template.cublas_projections = True
+            kept.append(swap)
+        # else: the attention's out_proj, which stays as it is
+    plan.swaps[:] = kept
 
 
 #: Why a plain Linear stays on torch under the default rule.
