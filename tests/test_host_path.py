@@ -471,3 +471,29 @@ def _windowed_softcapped(q, k, v, window, softcap):
     rows = torch.arange(q.shape[-2], device=q.device)
     scores = scores.masked_fill(rows[:, None] - rows[None] >= window, float("-inf"))
     return torch.softmax(scores, -1) @ v
+
+
+def test_autocast_calls_whose_arguments_are_cast_take_the_kept_path():
+    """Under torch.autocast the public function casts first; the op then sees arguments of the
+    autocast dtype, which take the kept eager path (a training loop's every call), while any
+    argument still to cast sends the call down the general path that casts it."""
+    op = matmul_module._matmul
+    a16, b16 = _rand(4, 8, seed=65, dtype=torch.bfloat16), _rand(8, 6, seed=66, dtype=torch.bfloat16)
+    a32 = _rand(4, 8, seed=67)
+    with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
+        assert op.eager_path(a16, b16, None) == runtime.PLAIN
+        assert op.eager_path(a16, b16.clone().requires_grad_(), None) == runtime.RECORD
+        assert op.eager_path(a32, b16, None) == 0
+    assert op.eager_path(a32, b16, None) == runtime.PLAIN  # outside autocast: nothing to cast
+    # Repeated calls (the second one kept) give torch's autocast result, and its gradients.
+    x, w = _rand(5, 16, seed=68, grad=True), _rand(12, 16, seed=69, grad=True)
+    for _ in range(3):
+        with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
+            ours, theirs = tw.linear(x, w), F.linear(x, w)
+        assert ours.dtype == theirs.dtype == torch.bfloat16
+        torch.testing.assert_close(ours, theirs, atol=2e-2, rtol=2e-2)
+        gx, gw = torch.autograd.grad(ours.float().sum(), (x, w))
+        tx, tw_ = torch.autograd.grad(theirs.float().sum(), (x, w))
+        assert gx.dtype == gw.dtype == torch.float32
+        torch.testing.assert_close(gx, tx, atol=5e-2, rtol=2e-2)
+        torch.testing.assert_close(gw, tw_, atol=5e-2, rtol=2e-2)

@@ -172,7 +172,9 @@ if pytest is not None:
         assert python_blocks(path), f"{path.name} has no python blocks"
         started = time.time()
         # torch.compile's caches too go to a temporary directory.
-        env = dict(os.environ, TRITON_INTERPRET="1", TRITON_WORKSHOP_QUIET="1",
+        # The GPU hidden too: with one visible, the interpreter would copy every tensor the
+        # blocks make on it to the host and back at each kernel (minutes more than the CPU's).
+        env = dict(os.environ, TRITON_INTERPRET="1", TRITON_WORKSHOP_QUIET="1", CUDA_VISIBLE_DEVICES="",
                    PYTHONUNBUFFERED="1", TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"),
                    TRITON_CACHE_DIR=str(tmp_path / "triton"))
         proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), str(path)],

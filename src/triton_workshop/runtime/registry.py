@@ -240,6 +240,20 @@ class AutocastPolicy:
             return args, kwargs
         return _cast_all(args, kwargs, device_type, dtype)
 
+    def casts_any(self, args: tuple) -> bool:
+        """Whether :meth:`cast` would cast any of ``args`` now (False for the arguments a
+        :func:`follows_autocast` public function has already cast)."""
+        if not self.rules or not _any_autocast() or getattr(_direct, "on", False):
+            return False
+        for a in args:
+            if isinstance(a, _Tensor):
+                device_type = _device_type(a)
+                break
+        else:
+            return False
+        dtype = self.dtype_for(device_type)
+        return dtype is not None and any(_needs_cast(a, device_type, dtype) for a in args)
+
 
 def _device_type(t: torch.Tensor) -> str:
     # t.device builds a torch.device object: several times the cost of these two flags.
@@ -441,9 +455,14 @@ class RegisteredOp:
         else: tracing, a dispatch mode or functorch transform, a tensor subclass, autocast casts
         to apply, or no eager Function). A public function whose checks and launch decisions for
         these arguments are kept may then take that path itself (allocate and launch with
-        :meth:`.plans.LaunchPlan.launch_eager`; or :attr:`record`), with nothing in between."""
+        :meth:`.plans.LaunchPlan.launch_eager`; or :attr:`record`), with nothing in between.
+
+        Under ``torch.autocast`` the arguments its public function has cast already (all
+        eligible ones of the autocast dtype) take these paths too: the op then computes what
+        it would after casting them (how every training loop under autocast calls it)."""
         if (_is_compiling() or _jit_tracing() or _dispatch_modes()
-                or _functorch_stack() is not None or (self._casts and _any_autocast())):
+                or _functorch_stack() is not None
+                or (self._casts and self.autocast_policy.casts_any(args))):
             return 0
         grad = _grad_enabled()
         record = False
