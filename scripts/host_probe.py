@@ -21,6 +21,11 @@ takes the GPU's launch path with Triton's C launcher replaced by a no-op
 garbage), so what is timed is the Python of the call; torch's ops compute on tiny CPU tensors.
 The C launcher's own cost on the GPU (a few µs) is not in the stubbed numbers.
 
+``--autocast`` times every call under ``torch.autocast(bfloat16)``, the way a training step's
+forward calls the ops (the inputs, float32 by default, are cast as torch casts them): ours and
+torch's casts both count, and the region is entered at each call (torch keeps a weight's cast
+until its region ends; a step casts each weight once).
+
 Ops that are not in this tree (families added later) are skipped with a note.
 """
 
@@ -58,6 +63,9 @@ def _parse(argv=None):
     p.add_argument("--budget", type=float, default=5.0, help="µs allowed over torch's time")
     p.add_argument("--stat", default="median", choices=["median", "min"],
                    help="batch statistic kept (min is steadier on a loaded machine)")
+    p.add_argument("--autocast", action="store_true",
+                   help="every batch under torch.autocast(bfloat16), as a training step's forward "
+                        "runs (inputs of --dtype, float32 by default, are cast as torch casts them)")
     p.add_argument("--profile", metavar="OP",
                    help="print cProfile's view of OP's forward and fwd+bwd instead of the table")
     return p.parse_args(argv)
@@ -250,6 +258,16 @@ def measure(ours, theirs, calls: int, batches: int, sync, stat=statistics.median
     return stat(a), stat(b)
 
 
+def under(context, fn):
+    """``fn`` called inside ``context()``, entered at each call: torch's autocast keeps the casts
+    of leaf tensors (weights) until its region ends, and a training step casts each weight once,
+    so a region a call is what a step's call sees."""
+    def call():
+        with context():
+            return fn()
+    return call
+
+
 def profile(case: Case, calls: int, sync) -> None:
     """cProfile's view (internal time) of ``case``'s calls, forward then forward + backward."""
     import cProfile
@@ -306,6 +324,10 @@ def main(argv=None) -> int:
         print(f"no op named {args.profile!r}", file=sys.stderr)
         return 2
     stat = statistics.median if args.stat == "median" else min
+    if args.autocast:
+        def context():
+            return torch.autocast(device.type, dtype=torch.bfloat16)
+        where += ", under torch.autocast(bfloat16), a region a call"
 
     print(f"host time per call, µs ({where}; {args.dtype}; {args.stat} of {args.batches} batches "
           f"of {args.calls} calls; budget torch + {args.budget:g} µs)")
@@ -319,6 +341,8 @@ def main(argv=None) -> int:
             passes.append(("fwd+bwd", case.ours_backward, case.theirs_backward))
         for what, ours, theirs in passes:
             try:
+                if args.autocast:
+                    ours, theirs = under(context, ours), under(context, theirs)
                 ours_us, torch_us = measure(ours, theirs, args.calls, args.batches, sync, stat)
             except Exception as exc:  # noqa: BLE001 - one op failing must not hide the others
                 message = " ".join(str(exc).split())[:160]
