@@ -45,7 +45,9 @@ epilogue, a LayerNorm before it, inside a Sequential as above).
 A plain ``Linear`` with nothing to fuse is the same matmul either way, and cuBLAS runs it with less
 host time a call, so it stays on torch, listed in ``skipped`` (with ``policy=True``; no warning).
 ``linear="always"`` swaps every ``Linear``; ``linear=True`` is the default ``"fused"`` rule;
-``linear=False`` (or ``"never"``) swaps none. The rule is the same in interpreter mode, so that a
+``linear=False`` (or ``"never"``) swaps none. A swapped attention's projections follow the
+same rule: on cuBLAS (``F.linear``, its ``out_proj`` left torch's) unless ``linear="always"``.
+The rule is the same in interpreter mode, so that a
 model patched on the CPU has the modules it would have on the GPU.
 
 **Interpreter mode.** Without a GPU the kernels run in Triton's interpreter, 50-90x slower than
