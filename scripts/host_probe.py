@@ -64,8 +64,9 @@ def _parse(argv=None):
     p.add_argument("--stat", default="median", choices=["median", "min"],
                    help="batch statistic kept (min is steadier on a loaded machine)")
     p.add_argument("--autocast", action="store_true",
-                   help="every batch under torch.autocast(bfloat16), as a training step's forward "
-                        "runs (inputs of --dtype, float32 by default, are cast as torch casts them)")
+                   help="every call under torch.autocast(bfloat16), entered at each call, as a training "
+                        "step's forward runs (inputs of --dtype, float32 by default, cast as torch "
+                        "casts them)")
     p.add_argument("--profile", metavar="OP",
                    help="print cProfile's view of OP's forward and fwd+bwd instead of the table")
     return p.parse_args(argv)

@@ -221,38 +221,35 @@ class AutocastPolicy:
             return torch.get_autocast_dtype(device_type)
         return torch.float32
 
+    def _target(self, values):
+        """``(device_type, dtype)`` autocast casts a call with these argument values to now, or
+        None: no rule, autocast off, inside an op's own implementation (a launcher runs with
+        autocast off, as torch runs an op's kernels below its autocast key), no tensor, or no
+        rule for the device type of the first tensor (the call's)."""
+        if not self.rules or not _any_autocast() or getattr(_direct, "on", False):
+            return None
+        for a in values:
+            if isinstance(a, _Tensor):
+                device_type = _device_type(a)
+                dtype = self.dtype_for(device_type)
+                return None if dtype is None else (device_type, dtype)
+        return None
+
     def cast(self, args: tuple, kwargs: dict | None = None):
         """``(args, kwargs)`` with the casts autocast asks for now (the same objects when none).
 
         Cheap while autocast is off everywhere (one C call), and a no-op inside an op's own
-        implementation: a launcher runs with autocast off, as torch runs an op's kernels below
-        its autocast key. The device type of the call is that of its first tensor."""
-        if not self.rules or not _any_autocast() or getattr(_direct, "on", False):
+        implementation (see :meth:`_target`)."""
+        target = self._target((*args, *kwargs.values()) if kwargs else args)
+        if target is None:
             return args, kwargs
-        for a in (*args, *kwargs.values()) if kwargs else args:
-            if isinstance(a, _Tensor):
-                device_type = _device_type(a)
-                break
-        else:
-            return args, kwargs
-        dtype = self.dtype_for(device_type)
-        if dtype is None:
-            return args, kwargs
-        return _cast_all(args, kwargs, device_type, dtype)
+        return _cast_all(args, kwargs, *target)
 
     def casts_any(self, args: tuple) -> bool:
         """Whether :meth:`cast` would cast any of ``args`` now (False for the arguments a
         :func:`follows_autocast` public function has already cast)."""
-        if not self.rules or not _any_autocast() or getattr(_direct, "on", False):
-            return False
-        for a in args:
-            if isinstance(a, _Tensor):
-                device_type = _device_type(a)
-                break
-        else:
-            return False
-        dtype = self.dtype_for(device_type)
-        return dtype is not None and any(_needs_cast(a, device_type, dtype) for a in args)
+        target = self._target(args)
+        return target is not None and any(_needs_cast(a, *target) for a in args)
 
 
 def _device_type(t: torch.Tensor) -> str:
