@@ -290,7 +290,7 @@ def _find_plan(x, weight, stride, padding, dilation, groups, has_bias) -> ConvPl
 # --------------------------------------------------------------------------------------------
 # The registered op (inputs already validated by conv2d below). padding is
 # [top, bottom, left, right]: padding="same" with an even dilated kernel pads one more on the
-# bottom/right, like torch. The backward pass calls it with negative padding (a crop).
+# bottom/right, like torch.
 # Per call: the plan, the output, the copies the plan asks for (a bias with a stride, a weight
 # not in the kernel's layout, x to channels-last) and the launch; everything else is planned.
 # --------------------------------------------------------------------------------------------
@@ -336,64 +336,34 @@ def _conv2d_setup_context(ctx, inputs, output):
     ctx.save_for_backward(x, weight)
 
 
-def _grad_input_stride_1(grad, weight, padding, dilation, groups):
-    """dL/dx of a stride-1 convolution, as a convolution of ``grad`` by this same kernel.
-
-    x[c] fed y[f] through w[f, c, kh, kw] at offset (kh*d - p); read backwards, grad_x[c] gathers
-    grad_y[f] at offset (p - kh*d): the weight flipped in both axes, filters and channels swapped
-    within each group, and padding d*(k-1) - p on each side (negative: a crop).
-    """
-    n_filters, group_c, kh, kw = weight.shape
-    group_f = n_filters // groups
-    w_t = (
-        weight.reshape(groups, group_f, group_c, kh, kw)
-        .transpose(1, 2)
-        .reshape(groups * group_c, group_f, kh, kw)
-        .flip(2, 3)
-    )
-    reach_h, reach_w = dilation[0] * (kh - 1), dilation[1] * (kw - 1)
-    pad_t = [reach_h - padding[0], reach_h - padding[1], reach_w - padding[2], reach_w - padding[3]]
-    return _conv2d(grad, w_t, None, [1, 1], pad_t, list(dilation), groups)
-
-
 def _conv2d_backward(ctx, grad):
     x, weight = ctx.saved_tensors
     stride, padding, dilation, groups = ctx.stride, ctx.padding, ctx.dilation, ctx.groups
-    grad_x = grad_w = grad_bias = None
+    need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    need_b = ctx.has_bias and ctx.needs_input_grad[2]
     if grad.numel() == 0 or x.numel() == 0 or weight.numel() == 0:
         # Some dimension is 0 (no filters, no images, no pixels, no channels): every sum behind
         # a gradient is empty, so the gradients are zeros. cuDNN/ATen's grad helpers refuse
         # several of these shapes (zero filters), so answer before reaching them.
-        if ctx.needs_input_grad[0]:
-            grad_x = torch.zeros_like(x)
-        if ctx.needs_input_grad[1]:
-            grad_w = torch.zeros_like(weight)
-        if ctx.has_bias and ctx.needs_input_grad[2]:  # the bias still reached every output
-            grad_bias = grad.sum(dim=(0, 2, 3), dtype=torch.float32).to(grad.dtype)
+        grad_x = torch.zeros_like(x) if need_x else None
+        grad_w = torch.zeros_like(weight) if need_w else None
+        # The bias still reached every output.
+        grad_bias = grad.sum(dim=(0, 2, 3), dtype=torch.float32).to(grad.dtype) if need_b else None
         return grad_x, grad_w, grad_bias, None, None, None, None
-    symmetric = padding[0] == padding[1] and padding[2] == padding[3]
-    if ctx.needs_input_grad[0]:
-        if stride[0] == 1 and stride[1] == 1:
-            grad_x = _grad_input_stride_1(grad, weight, padding, dilation, groups)
-        else:
-            # Fallback (cuDNN / ATen, not Triton): a transposed convolution. Strided padding is
-            # always symmetric (padding="same" requires stride 1).
-            grad_x = torch.nn.grad.conv2d_input(
-                x.shape, weight, grad, stride, padding[::2], dilation, groups
-            )
-    if ctx.needs_input_grad[1]:
-        # Fallback (cuDNN / ATen, not Triton). Asymmetric padding ("same", even kernel) is made
-        # explicit on x first, since conv2d_weight takes one padding per axis.
-        if symmetric:
-            x_in, pad_hw = x, padding[::2]
-        else:
-            pad_lrtb = (padding[2], padding[3], padding[0], padding[1])
-            x_in, pad_hw = torch.nn.functional.pad(x, pad_lrtb), [0, 0]
-        grad_w = torch.nn.grad.conv2d_weight(
-            x_in, weight.shape, grad, stride, pad_hw, dilation, groups
-        )
-    if ctx.has_bias and ctx.needs_input_grad[2]:
-        grad_bias = grad.sum(dim=(0, 2, 3), dtype=torch.float32).to(grad.dtype)
+    # All three gradients in one call of ATen's convolution backward (cuDNN on the GPU), as
+    # torch's own Conv2d takes them: one call costs the host what torch's costs, where gathering
+    # grad_x with the Triton kernel (a flipped, re-laid-out weight, a plan, a launch) cost
+    # several times as much on every convolution of a step, for no faster kernel.
+    top, bottom, left, right = padding
+    if top == bottom and left == right:
+        x_in, pad_hw = x, [top, left]
+    else:  # "same" with an even kernel: ATen takes one padding per axis, so pad x explicitly
+        x_in, pad_hw = torch.nn.functional.pad(x, (left, right, top, bottom)), [0, 0]
+    grad_x, grad_w, grad_bias = torch.ops.aten.convolution_backward(
+        grad, x_in, weight, [weight.shape[0]] if need_b else None, list(stride), pad_hw,
+        list(dilation), False, [0, 0], groups, [need_x, need_w, need_b])
+    if need_x and x_in is not x:
+        grad_x = grad_x[:, :, top:top + x.shape[2], left:left + x.shape[3]]
     return grad_x, grad_w, grad_bias, None, None, None, None
 
 
@@ -571,8 +541,8 @@ def conv2d(
     bottom/right, like torch). fp16, bf16 or fp32, all the same dtype; the result has that dtype,
     accumulated in fp32 (fp32 follows ``torch.backends.cudnn.allow_tf32``). Any strides are read in
     place; the output is channels-last when ``x`` is, which is also the fast layout (see
-    docs/kernels/conv.md). Differentiable in ``x``, ``weight`` and ``bias`` (weight gradients and
-    strided input gradients through PyTorch's own convolution, the rest in Triton).
+    docs/kernels/conv.md). Differentiable in ``x``, ``weight`` and ``bias``: the gradients come
+    from PyTorch's own convolution backward (cuDNN on the GPU), as torch's Conv2d takes them.
     """
     stride, padding, dilation = _check_conv_args(x, weight, bias, stride, padding, dilation, groups)
     if x.dim() == 3:
