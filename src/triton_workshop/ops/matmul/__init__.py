@@ -145,7 +145,7 @@ def _matmul_setup_context(ctx, inputs, output):
                           seed if dropout_p > 0 else None)
 
 
-def _preactivation_grad(ctx, grad, a, b, bias, out):
+def _preactivation_grad(ctx, grad, a, b, bias, out, z_plan=None):
     activation, slope = ctx.activation, ctx.slope
     if activation == "none":
         return grad
@@ -153,7 +153,13 @@ def _preactivation_grad(ctx, grad, a, b, bias, out):
         negative_side = grad * slope if activation == "leaky_relu" else 0.0
         return torch.where(out > 0, grad, negative_side)
     # Recompute Z = A @ B + bias instead of having saved it (docs/kernels/matmul.md, Autograd).
-    z = _matmul(a, b, bias, "none", 0.0)
+    if z_plan is not None:
+        # The eager forward's plan for it (:func:`_backward_plans`): an allocation and a
+        # launch, where the registered op would find its plan again on autograd's device thread.
+        z = a.new_empty(grad.shape)  # 2-D, laid out as the forward's output
+        z_plan.launch_eager(a, b, z, bias if bias is not None else z, z)
+    else:
+        z = _matmul(a, b, bias, "none", 0.0)
     if activation == "gelu":
         return torch.ops.aten.gelu_backward(grad, z, approximate="tanh")
     return torch.where(z > 0, grad, grad * slope)
@@ -164,11 +170,13 @@ def _matmul_backward(ctx, grad):
     if ctx.dropout_p > 0:
         # The mask is redrawn from the seed, never stored (see dropout_scale_kernel).
         grad = matmul_dropout_backward(grad, seed, ctx.dropout_p)
-    grad_z = _preactivation_grad(ctx, grad, a, b, bias, out)
     planned = getattr(ctx, "backward_plans", None)
     # Not under autocast: there the registered op casts the backward's operands.
-    if (planned is not None and grad_z.dtype is a.dtype and grad_z.stride() == planned[0]
-            and runtime.eager_backward() and not runtime.any_autocast()):
+    if planned is not None and not (runtime.eager_backward() and not runtime.any_autocast()):
+        planned = None
+    grad_z = _preactivation_grad(ctx, grad, a, b, bias, out,
+                                 planned[3] if planned is not None else None)
+    if planned is not None and grad_z.dtype is a.dtype and grad_z.stride() == planned[0]:
         grad_a, grad_b = _planned_products(ctx, planned, grad_z, a, b)
     else:
         grad_a, grad_b = _products(ctx, grad_z, a, b)
@@ -185,7 +193,7 @@ def _planned_products(ctx, planned, grad_z, a, b):
     """The backward's products of a 2-D product with the plans its eager forward found
     (:func:`_backward_plans`): only allocations and launches. Autograd runs a CUDA backward on
     its device thread, already on the operands' device."""
-    _, plan_a, plan_b = planned
+    _, plan_a, plan_b, _ = planned
     grad_a = grad_b = None
     if ctx.needs_input_grad[0]:
         if plan_a is None:
@@ -202,14 +210,16 @@ def _planned_products(ctx, planned, grad_z, a, b):
     return grad_a, grad_b
 
 
-def _backward_plans(a, b, out):
-    """``(the incoming gradient's strides, dA's plan, dB's plan)`` of a 2-D product's backward
-    for the usual case of a gradient laid out like ``out`` (contiguous, its dtype), a plan None
-    where that product takes launch_matmul's general path (copies, TMA)."""
-    grad_z = out  # a stand-in: the layout and dtype of the gradient
+def _backward_plans(a, b, out, bias, recompute: bool):
+    """``(the incoming gradient's strides, dA's plan, dB's plan, the plan recomputing Z = A @ B
+    + bias or None)`` of a 2-D product's backward for the usual case of a gradient laid out like
+    ``out`` (contiguous, its dtype), a plan None where that product takes launch_matmul's
+    general path (copies, TMA). ``recompute``: the activation's gradient needs Z."""
+    grad_z = out  # a stand-in: the layout and dtype of the gradient (and of the recomputed Z)
     return (out.stride(),
             product_plan(grad_z, b.t(), out.new_empty(a.shape), None, "none", 0.0),
-            product_plan(a.t(), grad_z, out.new_empty(b.shape), None, "none", 0.0))
+            product_plan(a.t(), grad_z, out.new_empty(b.shape), None, "none", 0.0),
+            product_plan(a, b, out, bias, "none", 0.0) if recompute else None)
 
 
 def _products(ctx, grad_z, a, b):
@@ -252,7 +262,8 @@ def _matmul_forward_planned(ctx, a, b, bias, ready, slope):
     ctx.save_for_backward(a, b, bias, out if keep_output else None, None)
     if len(shape) == 2 and a.dim() == 2:
         if not backward:
-            backward.append(_backward_plans(a, b, out))
+            backward.append(_backward_plans(a, b, out, bias,
+                                            _needs_preactivation(activation, slope)))
         ctx.backward_plans = backward[0]
     return out
 
