@@ -19,6 +19,7 @@ import torch
 
 from ... import runtime
 from ...runtime import (
+    RECORD,
     LaunchPlan,
     acc_dtype,
     chunk_tile,
@@ -202,7 +203,7 @@ def _layer_norm_backward_fake(dy, x, weight, mean, rstd, norm_ndim, need_dx, nee
 class BackwardPlan(NamedTuple):
     """The backward's launches for one shape, in launch order, by name (``"fused"``,
     ``"dx_rows"``, ``"dx"``, ``"dwdb"``, ``"sum"``: see :func:`_backward_launches` for their
-    operands), and the rows of the partial ``dweight``/``dbias`` buffers they fill."""
+    operands), and the rows of partial ``dweight`` (and of partial ``dbias``) they fill."""
 
     n_partials: int
     launches: dict[str, LaunchPlan]
@@ -225,7 +226,7 @@ def _backward_plan(n_rows, n_cols, dtypes, has_weight, need, n_sms,
             (runtime.cdiv(n_cols, tuning.sum_partials_block_n),), (n_partials, n_cols),
             dict(COMPUTE_DW=need_dw, COMPUTE_DB=need_db, ACC=acc,
                  BLOCK_P=tuning.sum_partials_block_p, BLOCK_N=tuning.sum_partials_block_n,
-                 num_warps=4))
+                 DB_AFTER_DW=need_dw and need_db, num_warps=4))
     return BackwardPlan(n_partials, launches)
 
 
@@ -340,27 +341,21 @@ def _backward_launches(plan, dy, x, w, mean, rstd, n_cols, need_dx, need_dw, nee
     """Allocate and launch the backward of a plan (n_rows > 0, n_cols > 0, contiguous dy, x)."""
     n_partials, launches = plan
     dx = torch.empty_like(x) if need_dx else x.new_empty(0)
-    # Row g of the partial buffers (n_partials x n_cols, flat): the dweight/dbias sums of row
-    # group g. Sized by an int (cheaper on the host than a shape); a sum not asked for gets the
-    # other's buffer, which the kernels then do not write.
-    stats = stats_dtype(x.dtype)
-    if need_dw or need_db:
-        dw_partial = x.new_empty(n_partials * n_cols, dtype=stats)
-        db_partial = (x.new_empty(n_partials * n_cols, dtype=stats) if need_dw and need_db
-                      else dw_partial)
-    else:
-        dw_partial = db_partial = x.new_empty(0, dtype=stats)
+    # The partial sums, flat, in one buffer (an allocation less): n_partials x n_cols of partial
+    # dweight (row g: the sum over row group g), then as many of partial dbias, for the sums
+    # asked for. Sized by an int (cheaper on the host than a shape).
+    partials = x.new_empty((need_dw + need_db) * n_partials * n_cols, dtype=stats_dtype(x.dtype))
     dw = x.new_empty(n_cols if need_dw else 0, dtype=dw_dtype)
     db = x.new_empty(n_cols if need_db else 0, dtype=db_dtype)
     for name, launch in launches.items():
         if name == "fused" or name == "dx_rows":  # "dx_rows": the sums not written
-            launch.launch(dy, x, w, mean, rstd, dx, dw_partial, db_partial)
+            launch.launch(dy, x, w, mean, rstd, dx, partials)
         elif name == "dx":
             launch.launch(dy, x, w, mean, rstd, dx)
         elif name == "dwdb":
-            launch.launch(dy, x, mean, rstd, dw_partial, db_partial)
-        else:  # "sum"
-            launch.launch(dw_partial, db_partial, dw, db)
+            launch.launch(dy, x, mean, rstd, partials)
+        else:  # "sum" (the dbias partials read after the dweight ones: DB_AFTER_DW)
+            launch.launch(partials, partials, dw, db)
     return dx, dw, db
 
 
@@ -374,21 +369,55 @@ def _layer_norm_setup_context(ctx, inputs, output):
     ctx.save_for_backward(x, weight, mean, rstd)
     ctx.norm_ndim = norm_ndim
     ctx.bias_dtype = bias.dtype if bias is not None else None
+    ctx.backward_plan = None  # always set: the backward reads it without getattr's default
     n_rows, n_cols = rows_cols(x, norm_ndim)
     if getattr(ctx, "eager", False) and n_rows and n_cols and x.is_contiguous() and (
             weight is None or weight.is_contiguous()):
         ctx.backward_plan = _planned_backward(x, weight, ctx.bias_dtype, n_rows, n_cols,
-                                              tuple(ctx.needs_input_grad[:3]))
+                                              tuple(ctx.needs_input_grad[:3]), norm_ndim)
 
 
-def _planned_backward(x, weight, bias_dtype, n_rows, n_cols, need):
-    """The backward's plan for the usual case of a contiguous gradient of x's dtype (x and the
-    weight contiguous), found on the calling thread: the backward then only allocates and
-    launches."""
+def _planned_backward(x, weight, bias_dtype, n_rows, n_cols, need, norm_ndim):
+    """The backward for the usual case of a contiguous gradient of x's dtype (x and the weight
+    contiguous), worked out on the calling thread: the backward then only allocates and
+    launches (:func:`_layer_norm_backward_planned`). A tuple of
+
+    * the launches, in order, as ``(plan, operands)``: 0 ``"fused"``/``"dx_rows"``, 1 ``"dx"``,
+      2 ``"dwdb"``, 3 ``"sum"`` (the operands of :func:`_backward_launches`);
+    * the partial sums' elements (0: no dweight, no dbias);
+    * the gradients' shape, the normalised one (an int for one dim: cheaper to pass);
+    * where dbias (or its placeholder) comes from: 0 like the weight, 1 like ``mean`` (the
+      arithmetic type), else allocated in its dtype, which follows;
+    * ``need_dx``, ``need_dw``, ``need_db``.
+
+    Kept by its arguments (one lookup: the general eager path, autocast's, works it out at
+    every call)."""
     dw_dtype, db_dtype = _grad_dtypes(x, weight, bias_dtype)
-    return (_find_backward_plan(
-        n_rows, n_cols, x.dtype, x.dtype, (weight if weight is not None else x).dtype,
-        dw_dtype, db_dtype, weight is not None, need, x.device), n_cols, dw_dtype, db_dtype)
+    w_dtype = weight.dtype if weight is not None else None
+    # The normalised shape stands for n_cols too (its product).
+    grad_shape = n_cols if norm_ndim == 1 else tuple(x.shape[x.dim() - norm_ndim:])
+    return _PLANNED_BACKWARDS.found(
+        TUNING, (n_rows, grad_shape, x.dtype, w_dtype, dw_dtype, db_dtype, need, x.device),
+        lambda: _plan_backward(n_rows, n_cols, grad_shape, x.dtype, w_dtype, dw_dtype,
+                               db_dtype, need, x.device))
+
+
+def _plan_backward(n_rows, n_cols, grad_shape, dtype, w_dtype, dw_dtype, db_dtype, need,
+                   device):
+    """:func:`_planned_backward`'s tuple (``w_dtype``: None without a weight)."""
+    n_partials, launches = _find_backward_plan(
+        n_rows, n_cols, dtype, dtype, w_dtype if w_dtype is not None else dtype, dw_dtype,
+        db_dtype, w_dtype is not None, need, device)
+    operands = {"fused": 0, "dx_rows": 0, "dx": 1, "dwdb": 2, "sum": 3}
+    need_dx, need_dw, need_db = need
+    db_like = 0 if db_dtype == w_dtype else 1 if db_dtype == stats_dtype(dtype) else 2
+    return (tuple([(launch, operands[name]) for name, launch in launches.items()]),
+            (need_dw + need_db) * n_partials * n_cols, grad_shape, db_like, db_dtype,
+            need_dx, need_dw, need_db)
+
+
+#: :func:`_planned_backward`'s tuples by its arguments.
+_PLANNED_BACKWARDS = SignatureCache()
 
 
 def launch_planned_forward(plan, x, weight, bias, n_rows: int):
@@ -396,9 +425,8 @@ def launch_planned_forward(plan, x, weight, bias, n_rows: int):
     plan: the outputs allocated, the plan launched (the eager paths of :func:`layer_norm` and
     of layer_norm_linear)."""
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
-    stats = stats_dtype(x.dtype)
-    mean = x.new_empty(n_rows, dtype=stats)
-    rstd = x.new_empty(n_rows, dtype=stats)
+    mean = x.new_empty(n_rows, dtype=stats_dtype(x.dtype))
+    rstd = mean.new_empty(n_rows)  # mean's dtype, without one to parse (cheaper)
     with runtime.device_guard(x):
         plan.launch_eager(x, weight if weight is not None else x,
                           bias if bias is not None else x, y, mean, rstd)
@@ -408,45 +436,83 @@ def launch_planned_forward(plan, x, weight, bias, n_rows: int):
 def _layer_norm_forward_planned(ctx, x, weight, bias, ready, _eps):
     """The eager autograd forward of a kept signature (:func:`layer_norm`'s ``RECORD`` path):
     :func:`layer_norm_forward` and :func:`_layer_norm_setup_context` with the plans kept for
-    it (the backward's by which inputs need a gradient, found at the first such call)."""
-    norm_ndim, _, n_rows, plan, backward_plans = ready
-    y, mean, rstd = launch_planned_forward(plan, x, weight, bias, n_rows)
+    it (the backward's by which inputs need a gradient, found at the first such call), written
+    out: a call or a lookup less is a few hundred nanoseconds less on the GPU's host."""
+    norm_ndim, _, n_rows, plan, backward_plans, stats, y_like_x = ready
+    # x's strides are the contiguous ones (y_like_x): empty_like keeps them, without the
+    # memory format to parse.
+    y = (torch.empty_like(x) if y_like_x
+         else torch.empty_like(x, memory_format=torch.contiguous_format))
+    mean = x.new_empty(n_rows, dtype=stats)
+    rstd = mean.new_empty(n_rows)
+    with runtime.device_guard(x):
+        plan.launch_eager(x, weight if weight is not None else x,
+                          bias if bias is not None else x, y, mean, rstd)
     ctx.mark_non_differentiable(mean, rstd)
     ctx.set_materialize_grads(False)
     ctx.save_for_backward(x, weight, mean, rstd)
     ctx.norm_ndim = norm_ndim
-    ctx.bias_dtype = bias.dtype if bias is not None else None
-    need = ctx.needs_input_grad[:3]
+    ctx.bias_dtype = bias_dtype = bias.dtype if bias is not None else None
+    need = ctx.needs_input_grad  # the whole tuple as the key: no slice to build
     planned = backward_plans.get(need)
     if planned is None:
         planned = backward_plans[need] = _planned_backward(
-            x, weight, ctx.bias_dtype, *rows_cols(x, norm_ndim), need)
+            x, weight, bias_dtype, n_rows, x.numel() // n_rows, tuple(need[:3]), norm_ndim)
     ctx.backward_plan = planned
     return y, mean, rstd
 
 
-@runtime.launch_directly
-def _layer_norm_backward_planned(planned, need, dy, x, weight, mean, rstd):
-    plan, n_cols, dw_dtype, db_dtype = planned
-    return _backward_launches(plan, dy, x, weight if weight is not None else x, mean, rstd,
-                              n_cols, *need, dw_dtype, db_dtype)
+def _layer_norm_backward_planned(planned, dy, x, weight, mean, rstd):
+    """The eager backward with the plan worked out in the forward (:func:`_planned_backward`;
+    contiguous ``dy`` of x's dtype and device): autograd's gradients from allocations and
+    ``launch_eager`` launches only. On autograd's device thread an allocation costs
+    microseconds, so fewer than :func:`_backward_launches` makes: none for what is not asked
+    for, and each from a tensor of its dtype (no dtype to parse) in its final shape (no
+    reshape)."""
+    launches, n_partial, grad_shape, db_like, db_dtype, need_dx, need_dw, need_db = planned
+    dx = torch.empty_like(x) if need_dx else x  # x: a placeholder of dx's dtype, never written
+    if n_partial:
+        partials = mean.new_empty(n_partial)  # mean: of the partial sums' dtype
+        # A sum not asked for gets a placeholder of its dtype (as the registered op passes,
+        # so the same compiled kernel), never written.
+        if need_dw:  # dweight in the weight's dtype
+            dw = weight.new_empty(grad_shape)
+        else:
+            dw = weight if weight is not None else mean
+        if db_like == 0:
+            db = weight.new_empty(grad_shape) if need_db else weight
+        elif db_like == 1:
+            db = mean.new_empty(grad_shape) if need_db else mean
+        else:
+            db = x.new_empty(grad_shape if need_db else 0, dtype=db_dtype)
+    else:
+        partials = dw = db = mean  # never read or written
+    w = weight if weight is not None else x  # never read when HAS_WEIGHT is off
+    for launch, operands in launches:
+        if operands == 0:  # "fused", "dx_rows" (the sums not written)
+            launch.launch_eager(dy, x, w, mean, rstd, dx, partials)
+        elif operands == 3:  # "sum"
+            launch.launch_eager(partials, partials, dw, db)
+        elif operands == 1:  # "dx"
+            launch.launch_eager(dy, x, w, mean, rstd, dx)
+        else:  # "dwdb"
+            launch.launch_eager(dy, x, mean, rstd, partials)
+    return dx if need_dx else None, dw if need_dw else None, db if need_db else None, None, None
 
 
 def _layer_norm_backward_autograd(ctx, dy, _dmean, _drstd):
-    x, weight, mean, rstd = ctx.saved_tensors
-    need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
     if dy is None:  # y did not reach the loss (grads are not materialised, see setup_context)
         return None, None, None, None, None
-    planned = getattr(ctx, "backward_plan", None)
-    if (planned is not None and dy.dtype == x.dtype and dy.is_contiguous()
+    x, weight, mean, rstd = ctx.saved_tensors
+    planned = ctx.backward_plan
+    if (planned is not None and dy.dtype is x.dtype and dy.is_contiguous()
             and dy.device == x.device and runtime.eager_backward()):
         # Autograd runs a CUDA backward on its device thread, already on x's device.
-        dx, dw, db = _layer_norm_backward_planned(
-            planned, (need_dx, need_dw, need_db), dy, x, weight, mean, rstd)
-    else:
-        dx, dw, db = layer_norm_backward(
-            dy, x, weight, mean, rstd, ctx.norm_ndim, need_dx, need_dw, need_db, ctx.bias_dtype
-        )
+        return _layer_norm_backward_planned(planned, dy, x, weight, mean, rstd)
+    need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
+    dx, dw, db = layer_norm_backward(
+        dy, x, weight, mean, rstd, ctx.norm_ndim, need_dx, need_dw, need_db, ctx.bias_dtype
+    )
     if ctx.norm_ndim > 1:  # the kernels return flat dweight/dbias (empty when not needed)
         norm_shape = x.shape[x.dim() - ctx.norm_ndim :]
         dw = dw.view(norm_shape) if need_dw else None
@@ -480,9 +546,18 @@ def layer_norm(
         except UNKEYABLE:
             ready = None
         if ready is not None:
-            if path == runtime.RECORD:
+            if path == RECORD:
                 return layer_norm_forward.record_planned(x, weight, bias, ready, eps)[0]
-            return launch_planned_forward(ready[3], x, weight, bias, ready[2])[0]
+            _, _, n_rows, plan, _, stats, y_like_x = ready
+            y = (torch.empty_like(x) if y_like_x  # see _layer_norm_forward_planned
+                 else torch.empty_like(x, memory_format=torch.contiguous_format))
+            # No autograd: the statistics are not kept, and the kernels only write them (never
+            # read them back), so one buffer takes both: an allocation less.
+            unkept = x.new_empty(n_rows, dtype=stats)
+            with runtime.device_guard(x):
+                plan.launch_eager(x, weight if weight is not None else x,
+                                  bias if bias is not None else x, y, unkept, unkept)
+            return y
     norm_ndim, checked_eps = _CALLS.checked(_call_key, _check_args, x, normalized_shape, weight,
                                             bias, eps)
     y, _, _ = layer_norm_forward(x, weight, bias, norm_ndim, checked_eps)
@@ -490,8 +565,10 @@ def layer_norm(
     if path and n_rows and n_cols and x.is_contiguous() and all(
             t is None or t.is_contiguous() for t in (weight, bias)):
         plan = forward_plan(n_rows, n_cols, checked_eps, x, weight, bias)
-        _READY.under(TUNING).remember(_ready_key(x, normalized_shape, weight, bias, eps),
-                                      (norm_ndim, checked_eps, n_rows, plan, {}))
+        _READY.under(TUNING).remember(
+            _ready_key(x, normalized_shape, weight, bias, eps),
+            (norm_ndim, checked_eps, n_rows, plan, {}, stats_dtype(x.dtype),
+             y.stride() == x.stride()))
     return y
 
 
@@ -507,14 +584,26 @@ def forward_plan(n_rows: int, n_cols: int, eps: float, x, weight, bias) -> Launc
 
 
 def _ready_key(x, normalized_shape, weight, bias, eps):
-    """An eager call's layouts (all the checks read, and the strides) and other arguments."""
+    """An eager call's layouts (all the checks read, and the strides) and other arguments.
+
+    The usual call (both parameters, ``normalized_shape`` a tuple of one int, as nn.LayerNorm
+    passes it) gets a flat tuple, the tuple itself standing for its :func:`shape_key` (equal
+    to it): nested tuples and helper calls made the key cost ~0.7 µs more. Never equal to
+    the other calls' keys (another length)."""
+    if weight is not None and bias is not None:
+        return (x.shape, x.stride(), x.dtype, x.device, x.layout,
+                normalized_shape if type(normalized_shape) is tuple and len(normalized_shape) == 1
+                and type(normalized_shape[0]) is int else shape_key(normalized_shape),
+                weight.shape, weight.stride(), weight.dtype, weight.device, weight.layout,
+                bias.shape, bias.stride(), bias.dtype, bias.device, bias.layout, eps, type(eps))
     return (x.shape, x.stride(), x.dtype, x.device, x.layout, shape_key(normalized_shape),
             (weight.stride(), *layout_key(weight)) if weight is not None else None,
             (bias.stride(), *layout_key(bias)) if bias is not None else None, eps, type(eps))
 
 
 #: Eager calls' :func:`_ready_key` -> ``(norm_ndim, eps, rows, the forward's plan, the
-#: backward's by which inputs need a gradient)`` for contiguous operands that were checked.
+#: backward's by which inputs need a gradient, the statistics' dtype, whether x's strides are
+#: the contiguous ones)`` for contiguous operands that were checked.
 _READY = SignatureCache()
 
 

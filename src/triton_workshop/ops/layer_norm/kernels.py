@@ -116,16 +116,18 @@ def layer_norm_fwd_chunked_kernel(
 
 @triton.jit
 def layer_norm_bwd_kernel(
-    dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr,
+    dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, partial_ptr,
     n_rows, n_cols, rows_per_program,
     HAS_WEIGHT: tl.constexpr, COMPUTE_DX: tl.constexpr,
     COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
     ACC: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, STAGES: tl.constexpr,
 ):
     """Single-block backward: ``dx`` for a group of rows, and that group's partial
-    ``dweight``/``dbias`` (row ``pid`` of the partial buffers), reading ``x`` and ``dy`` once.
-    The row loop is pipelined over ``STAGES`` stages (1: not pipelined): the loads of the next
-    tiles are in flight while this one is reduced and stored."""
+    ``dweight``/``dbias`` (row ``pid`` of each sum's rows in ``partial_ptr``: the dweight rows,
+    then the dbias rows; one buffer, as the host's allocations are its cost on small rows),
+    reading ``x`` and ``dy`` once. The row loop is pipelined over ``STAGES`` stages (1: not
+    pipelined): the loads of the next tiles are in flight while this one is reduced and
+    stored."""
     pid = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < n_cols
@@ -162,8 +164,11 @@ def layer_norm_bwd_kernel(
         if COMPUTE_DB:
             db_acc += dy
     if COMPUTE_DW:
-        tl.store(dw_partial_ptr + pid * n_cols + cols, tl.sum(dw_acc, axis=0), mask=col_mask)
+        tl.store(partial_ptr + pid * n_cols + cols, tl.sum(dw_acc, axis=0), mask=col_mask)
     if COMPUTE_DB:
+        db_partial_ptr = partial_ptr
+        if COMPUTE_DW:  # the dbias rows follow the dweight rows (one a program)
+            db_partial_ptr += tl.num_programs(0).to(tl.int64) * n_cols
         tl.store(db_partial_ptr + pid * n_cols + cols, tl.sum(db_acc, axis=0), mask=col_mask)
 
 
@@ -209,13 +214,14 @@ def layer_norm_bwd_dx_chunked_kernel(
 
 @triton.jit
 def layer_norm_bwd_dwdb_chunked_kernel(
-    dy_ptr, x_ptr, mean_ptr, rstd_ptr, dw_partial_ptr, db_partial_ptr,
+    dy_ptr, x_ptr, mean_ptr, rstd_ptr, partial_ptr,
     n_rows, n_cols, rows_per_program,
     COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
     ACC: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
 ):
     """Partial ``dweight``/``dbias`` for long rows: program ``(g, c)`` sums rows of group ``g``
-    over column chunk ``c`` into row ``g`` of the partial buffers, in a fixed order."""
+    over column chunk ``c`` into row ``g`` of each sum's rows in ``partial_ptr`` (laid out as
+    :func:`layer_norm_bwd_kernel`'s), in a fixed order."""
     group = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < n_cols
@@ -231,8 +237,11 @@ def layer_norm_bwd_dwdb_chunked_kernel(
         if COMPUTE_DB:
             db_sum += dy
     if COMPUTE_DW:
-        tl.store(dw_partial_ptr + group * n_cols + cols, dw_sum, mask=col_mask)
+        tl.store(partial_ptr + group * n_cols + cols, dw_sum, mask=col_mask)
     if COMPUTE_DB:
+        db_partial_ptr = partial_ptr
+        if COMPUTE_DW:  # the dbias rows follow the dweight rows (one a group)
+            db_partial_ptr += tl.num_programs(0).to(tl.int64) * n_cols
         tl.store(db_partial_ptr + group * n_cols + cols, db_sum, mask=col_mask)
 
 
@@ -242,10 +251,13 @@ def layer_norm_bwd_sum_partials_kernel(
     n_partials, n_cols,
     COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
     ACC: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+    DB_AFTER_DW: tl.constexpr = False,
 ):
     """Second stage of the ``dweight``/``dbias`` reduction: sum the ``(n_partials, n_cols)``
     buffers over their rows in a fixed order, both in one launch, and store in the parameters'
-    dtypes (no separate cast kernels)."""
+    dtypes (no separate cast kernels). ``DB_AFTER_DW``: the ``dbias`` partials are the rows
+    after the ``dweight`` ones in ``dw_partial_ptr``'s buffer (layer_norm's one buffer;
+    ``db_partial_ptr`` is then not read)."""
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < n_cols
     dw_acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=ACC)
@@ -257,7 +269,11 @@ def layer_norm_bwd_sum_partials_kernel(
         if COMPUTE_DW:
             dw_acc += tl.load(dw_partial_ptr + offs, mask=mask, other=0.0)
         if COMPUTE_DB:
-            db_acc += tl.load(db_partial_ptr + offs, mask=mask, other=0.0)
+            if DB_AFTER_DW:
+                db_offs = (rows.to(tl.int64) + n_partials)[:, None] * n_cols + cols[None, :]
+                db_acc += tl.load(dw_partial_ptr + db_offs, mask=mask, other=0.0)
+            else:
+                db_acc += tl.load(db_partial_ptr + offs, mask=mask, other=0.0)
     if COMPUTE_DW:
         tl.store(dw_ptr + cols, tl.sum(dw_acc, axis=0).to(dw_ptr.dtype.element_ty), mask=col_mask)
     if COMPUTE_DB:
