@@ -157,12 +157,12 @@ def test_rows_longer_than_default_single_block_limits(n_cols):
 def test_backward_plan_by_row_length(n_cols, kernels):
     """Which kernels the default limits pick, by row length (fp16, affine, every gradient)."""
     dtypes = (torch.float16,) * 3 + (torch.float16, torch.float16)
-    plan = layer_norm_ops._backward_plan(
+    plan = layer_norm_ops.plans.backward_plan(
         4096, n_cols, dtypes, True, (True, True, True), 132, layer_norm_ops.TUNING)
     assert list(plan.launches) == kernels
     if "dx_rows" in plan.launches:
         dx_rows = plan.launches["dx_rows"]
-        assert dx_rows.kernel is layer_norm_ops.layer_norm_bwd_kernel
+        assert dx_rows.kernel is layer_norm_ops.kernels.layer_norm_bwd_kernel
         # persistent: a program an SM
         assert dx_rows.grid == (128,) and dx_rows.scalars == (4096, 16384, 32)
         consts = dx_rows.consts
@@ -190,8 +190,9 @@ def test_tuning_is_part_of_the_plan_key(monkeypatch, planned_launches):
     assert [name for name, _ in launched] == [
         "layer_norm_fwd_kernel", "layer_norm_bwd_kernel", "layer_norm_bwd_sum_partials_kernel"]
     dtypes = (torch.float32,) * 5
-    plan = layer_norm_ops._backward_plan(4, 300, dtypes, True, (True,) * 3, 132, default)
-    assert plan is layer_norm_ops._backward_plan(4, 300, dtypes, True, (True,) * 3, 132, default)
+    plan = layer_norm_ops.plans.backward_plan(4, 300, dtypes, True, (True,) * 3, 132, default)
+    assert plan is layer_norm_ops.plans.backward_plan(
+        4, 300, dtypes, True, (True,) * 3, 132, default)
 
 
 def test_backward_is_deterministic(path):

@@ -4,7 +4,11 @@
 * no import cycle anywhere in the package, lazy imports inside functions included (``if
   TYPE_CHECKING:`` imports are for annotations only and do not count);
 * no module of the package imports another module's underscore name;
-* every module of the package opens with a docstring (its one job).
+* every module of the package opens with a docstring (its one job);
+* no Triton kernel gives a ``tl.constexpr`` parameter a default: a kernel that torch.compile
+  traces is launched by Inductor's own launcher, which expects every parameter the kernel
+  declares, and a default left out of a launch made it fail (``missing 1 required positional
+  argument``) where eager launches and the interpreter ran.
 
 The first and last are checked module by module, so that a failure names the file.
 """
@@ -123,3 +127,24 @@ def test_no_module_imports_underscore_names_of_other_modules():
 def test_each_module_says_its_job(name):
     doc = ast.get_docstring(ast.parse(MODULES[name].read_text()))
     assert doc and len(doc.split()) >= 5, f"{name}: no opening docstring saying its job"
+
+
+def _jit_kernels(tree: ast.AST):
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and any(
+                "jit" in ast.unparse(d) for d in node.decorator_list):
+            yield node
+
+
+@pytest.mark.parametrize("name", [n for n, p in MODULES.items() if "triton" in p.read_text()])
+def test_no_kernel_parameter_has_a_default(name):
+    path = MODULES[name]
+    for kernel in _jit_kernels(ast.parse(path.read_text(), str(path))):
+        args = kernel.args
+        with_defaults = [*args.posonlyargs, *args.args][len(args.posonlyargs) + len(args.args)
+                                                        - len(args.defaults):]
+        with_defaults += [a for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None]
+        named = [a.arg for a in with_defaults
+                 if a.annotation is not None and "constexpr" in ast.unparse(a.annotation)]
+        assert not named, (f"{path.relative_to(ROOT.parent)}: {kernel.name} gives constexpr "
+                           f"{named} a default; pass it at every launch instead")

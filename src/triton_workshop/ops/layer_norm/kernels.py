@@ -251,7 +251,7 @@ def layer_norm_bwd_sum_partials_kernel(
     n_partials, n_cols,
     COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
     ACC: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-    DB_AFTER_DW: tl.constexpr = False,
+    DB_AFTER_DW: tl.constexpr,
 ):
     """Second stage of the ``dweight``/``dbias`` reduction: sum the ``(n_partials, n_cols)``
     buffers over their rows in a fixed order, both in one launch, and store in the parameters'

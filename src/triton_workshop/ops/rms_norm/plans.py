@@ -102,5 +102,5 @@ def backward_plan(n_rows, n_cols, weight_offset, dtypes, has_weight, has_dsum, r
             layer_norm_bwd_sum_partials_kernel,
             (runtime.cdiv(n_cols, tuning.sum_partials_block_n),), (n_partials, n_cols),
             dict(COMPUTE_DW=True, COMPUTE_DB=False, ACC=acc, BLOCK_P=tuning.sum_partials_block_p,
-                 BLOCK_N=tuning.sum_partials_block_n, num_warps=4))
+                 BLOCK_N=tuning.sum_partials_block_n, DB_AFTER_DW=False, num_warps=4))
     return BackwardPlan(n_partials, launches)

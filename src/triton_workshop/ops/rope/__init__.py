@@ -126,6 +126,7 @@ def _plan(n_tokens: int, seq_len: int, n_q_heads: int, n_k_heads: int, head_dim:
                           for h in (n_q_heads, n_k_heads))
     consts = dict(INTERLEAVED=conv.interleaved, COS_PER_PAIR=conv.cos_per_pair,
                   BACKWARD=backward, BLOCK_HQ=block_hq, BLOCK_HK=block_hk, BLOCK_D=block_d,
+                  HALVES=False, BLOCK_HALF=1, BLOCK_TAIL=0,
                   num_warps=num_warps_for(max(block_hq, block_hk) * block_d))
     if tuning.by_halves and not conv.interleaved and rot_dim % 2 == 0:
         # rotate_half's pairs are the two halves: two contiguous loads per head (see

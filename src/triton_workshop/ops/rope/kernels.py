@@ -144,7 +144,7 @@ def rope_kernel(
     sin_stride_b, sin_stride_s, sin_stride_d,
     INTERLEAVED: tl.constexpr, COS_PER_PAIR: tl.constexpr, BACKWARD: tl.constexpr,
     BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_D: tl.constexpr,
-    HALVES: tl.constexpr = False, BLOCK_HALF: tl.constexpr = 1, BLOCK_TAIL: tl.constexpr = 0,
+    HALVES: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr,
 ):
     """Rotate (``BACKWARD``: rotate back) every q and k head of token ``program_id`` of a
     ``(batch, seq_len)`` grid of tokens. Operands are indexed ``(batch, token, head, lane)``;
