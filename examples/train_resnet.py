@@ -6,7 +6,7 @@ default; ``patch(model)`` also takes the classifier's Linear). BatchNorm, ReLU a
 torch's. The losses follow each other (up to rounding), ms/step tells the speed. Channels-last
 (NHWC) is the layout the implicit GEMM reads fastest: ``--channels-last`` (the default on a GPU).
 The example asks for every convolution (``patch(model, conv2d="always")``): by default ``patch``
-leaves channels-last ones on cuDNN, whose NHWC kernels ran faster than this one on an H100.
+leaves convolutions on cuDNN, the faster one in a training step (see ``patch``'s docstring).
 
 The network is :func:`triton_workshop.bench.models.resnet18` (torchvision's ResNet-18 layout,
 written out with ``torch.nn``; ``--torchvision`` uses torchvision's own), from random weights; the
@@ -103,8 +103,8 @@ def main(argv=None) -> list[float]:
           f"{'channels-last' if args.channels_last else 'NCHW'}, "
           f"{'bf16 autocast' if args.amp else 'fp32'}, {tw.runtime.mode_description()}")
     if args.patch:
-        # Every convolution, as this example is about: by default patch() leaves channels-last
-        # ones on cuDNN, whose NHWC kernels are the faster ones there.
+        # Every convolution, as this example is about: by default patch() leaves convolutions on
+        # cuDNN, the faster one in a training step.
         counts = tw.nn.patch(model, conv2d="always")
         print("patched:", counts.describe())
     if args.compile:

@@ -136,19 +136,16 @@ def test_conv2d(channels_last):
     if channels_last:
         model, x = model.to(memory_format=torch.channels_last), x.to(memory_format=torch.channels_last)
     reference = copy.deepcopy(model)
-    if channels_last:
-        # By default channels-last convolutions stay on cuDNN (the faster one there), listed
-        # by choice (no warning); the 1x1 filter's weight is NCHW as well and is swapped.
-        result = patch_quietly(model)
-        assert result == counts(conv2d=1)
-        assert [(s.name, s.kind, s.policy) for s in result.skipped] == [
-            ("0", "conv2d", True), ("3", "conv2d", True)]
-        assert "conv2d='always'" in result.skipped[0].reason
-        assert type(model[0]) is nn.Conv2d and type(model[4]) is tw.Conv2d
-        assert_same_function(model, reference, x)
-        assert patch_quietly(model, conv2d="always") == counts(conv2d=2)
-    else:
-        assert patch_quietly(model) == counts(conv2d=3)
+    # By default every convolution stays on cuDNN (the faster one in a training step), listed by
+    # choice (no warning), whatever its layout.
+    result = patch_quietly(model)
+    assert result == counts()
+    assert [(s.name, s.kind, s.policy) for s in result.skipped] == [
+        ("0", "conv2d", True), ("3", "conv2d", True), ("4", "conv2d", True)]
+    assert "conv2d='always'" in result.skipped[0].reason
+    assert all(type(model[i]) is nn.Conv2d for i in (0, 3, 4))
+    assert_same_function(model, reference, x)
+    assert patch_quietly(model, conv2d="always") == counts(conv2d=3)
     assert all(type(model[i]) is tw.Conv2d for i in (0, 3, 4))
     assert isinstance(model[0], nn.Conv2d)  # init loops that look for nn.Conv2d still find it
     assert_same_function(model, reference, x)
@@ -525,9 +522,11 @@ def test_patch_twice_and_flags():
     model = nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 8), nn.Conv2d(1, 1, 1)).to(DEVICE)
     assert patch_quietly(model, linear=False, conv2d=False) == counts(layer_norm=1)
     assert type(model[1]) is nn.Linear and type(model[2]) is nn.Conv2d
-    result = patch_quietly(model)
-    assert result == counts(linear=1, conv2d=1) and fused(result) == {"layer_norm_linear": 1}
-    result = patch_quietly(model)
+    result = patch_quietly(model)  # the Conv2d stays on cuDNN by default
+    assert result == counts(linear=1) and fused(result) == {"layer_norm_linear": 1}
+    result = patch_quietly(model, conv2d="always")  # only the Conv2d is new
+    assert result == counts(conv2d=1) and not fused(result)
+    result = patch_quietly(model, conv2d="always")
     assert result == counts() and not fused(result)  # nothing new
 
 

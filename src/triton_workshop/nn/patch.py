@@ -37,11 +37,12 @@ alone, and the state_dict keeps its keys); the Sequential decides at each call, 
 by one when a hook sits on any of them.
 
 **Which Linears and Conv2ds.** A module is swapped where a fusion removes work or where the
-Triton kernel is the faster one: norms and attention always; a ``Conv2d`` whose weight is NCHW
-(the Triton kernel ran at 1.2x cuDNN's NCHW convolution on an H100), not a channels-last one
-(0.83-0.86x cuDNN's NHWC kernels: it stays on torch, listed in ``skipped``; ``conv2d="always"``
-swaps it); a ``Linear`` only where something runs fused with it (an activation in its
-epilogue, a LayerNorm before it, inside a Sequential as above).
+Triton kernel is the faster one: norms and attention always; no ``Conv2d`` by default (nothing
+is fused into one, and cuDNN's convolutions won in a training step: ResNet-18 eager ran at 0.79x
+torch with its NCHW convolutions swapped on an H200, and the benchmark's 3x3 rows had the Triton
+kernel at 0.51x cuDNN NCHW and 0.60x NHWC on an H100; each stays on torch, listed in
+``skipped``; ``conv2d="always"`` swaps them); a ``Linear`` only where something runs fused with
+it (an activation in its epilogue, a LayerNorm before it, inside a Sequential as above).
 A plain ``Linear`` with nothing to fuse is the same matmul either way, and cuBLAS runs it with less
 host time a call, so it stays on torch, listed in ``skipped`` (with ``policy=True``; no warning).
 ``linear="always"`` swaps every ``Linear``; ``linear=True`` is the default ``"fused"`` rule;
@@ -230,7 +231,7 @@ def plan_patch(model: nn.Module, *, kinds: Iterable[str], extra=None, linear: st
     if linear == "fused":
         _keep_on_torch(plan, "linear", lambda m: id(m) not in fused_ids, UNFUSED_LINEAR)
     if conv2d == "auto":
-        _keep_on_torch(plan, "conv2d", lambda m: _channels_last(m.weight), CHANNELS_LAST_CONV)
+        _keep_on_torch(plan, "conv2d", lambda m: True, CUDNN_CONV)
     if linear != "always":
         _projections_on_cublas(plan)
     _plan_encoders(model, plan)
@@ -274,18 +275,12 @@ def _keep_on_torch(plan: Plan, kind: str, stays, reason: PolicyReason) -> None:
     plan.swaps[:] = kept
 
 
-#: Why a channels-last Conv2d stays on torch under the default rule.
-CHANNELS_LAST_CONV = PolicyReason(
-    "channels-last weights: cuDNN's NHWC convolution is the faster one (the Triton kernel ran at "
-    "0.83-0.86x of it on an H100) and costs less host time a call (conv2d='always' swaps it)"
+#: Why a Conv2d stays on torch under the default rule.
+CUDNN_CONV = PolicyReason(
+    "cuDNN's convolution is the faster one in a training step (ResNet-18 eager: 0.79x torch with "
+    "its NCHW convolutions on the Triton kernel, on an H200) and costs less host time a call "
+    "(conv2d='always' swaps it)"
 )
-
-
-def _channels_last(weight: torch.Tensor) -> bool:
-    """A 4-d weight laid out channels-last (and not also contiguous: a 1x1 filter's two layouts
-    coincide, and such a weight counts as NCHW)."""
-    return (weight.dim() == 4 and weight.is_contiguous(memory_format=torch.channels_last)
-            and not weight.is_contiguous())
 
 
 def _plan_encoders(model: nn.Module, plan: Plan) -> None:
@@ -446,8 +441,8 @@ def patch(
 
     ``linear``: ``True`` / ``"fused"`` (the default) swaps the Linears that run fused with a
     neighbour, ``"always"`` every Linear, ``False`` / ``"never"`` none. ``conv2d``: ``True`` /
-    ``"auto"`` (the default) swaps the Conv2ds whose weights are NCHW and leaves channels-last
-    ones on cuDNN, ``"always"`` every Conv2d, ``False`` / ``"never"`` none.
+    ``"auto"`` (the default) leaves every Conv2d on cuDNN (the faster one in a training step,
+    listed in ``skipped``), ``"always"`` swaps every Conv2d, ``False`` / ``"never"`` none.
 
     Returns the modules swapped per kind (``{"layer_norm": n, "rms_norm": n, "linear": n,
     "conv2d": n, "attention": n}``) as a :class:`PatchCounts` ``dict`` whose ``fused`` attribute
