@@ -34,7 +34,11 @@ def _rand(*shape, seed=0, dtype=torch.float32, grad=False):
 
 
 def _count_calls(monkeypatch, module, name) -> list:
+    """Count the calls of ``module.name`` (``name`` may be dotted: a submodule's function)."""
     calls = []
+    owner, _, name = name.rpartition(".")
+    for part in owner.split(".") if owner else ():
+        module = getattr(module, part)
     real = getattr(module, name)
 
     def counted(*args, **kwargs):
@@ -256,10 +260,10 @@ _KEPT_OPS = {
     "fused_mul_add_sqrt": (elementwise_module, "_check",
                            lambda x, y: tw.fused_mul_add_sqrt(x.abs(), y.abs(), x.abs()),
                            lambda x, y: torch.sqrt(x.abs() * y.abs() + x.abs())),
-    "rms_norm": (rms_norm_module, "_check_arguments",
+    "rms_norm": (rms_norm_module, "checks._check_arguments",
                  lambda x, y: rms_norm_module.rms_norm(x, (16,), y[0]),
                  lambda x, y: F.rms_norm(x, (16,), y[0])),
-    "add_rms_norm": (rms_norm_module, "_check_arguments",
+    "add_rms_norm": (rms_norm_module, "checks._check_arguments",
                      lambda x, y: torch.cat(rms_norm_module.add_rms_norm(x, y, (16,), y[1])),
                      lambda x, y: torch.cat((F.rms_norm(x + y, (16,), y[1]), x + y))),
     "layer_norm": (layer_norm_module, "_check_args",
@@ -272,8 +276,11 @@ _KEPT_OPS = {
 
 
 def _forget_kept(module):
-    for name in ("_READY", "_CALLS"):
-        getattr(module, name).clear()
+    """Clear the kept calls of an op module (and of its ``checks`` submodule, where it has one)."""
+    for owner in (module, getattr(module, "checks", None)):
+        for name in ("_READY", "_CALLS"):
+            if hasattr(owner, name):
+                getattr(owner, name).clear()
 
 
 @pytest.mark.parametrize("name", list(_KEPT_OPS))

@@ -24,7 +24,6 @@ numbers:
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
 from typing import Optional
 
@@ -32,6 +31,7 @@ import torch
 
 from ... import runtime
 from ...runtime import (
+    RECORD,
     LaunchPlan,
     acc_dtype,
     chunk_tile,
@@ -40,22 +40,19 @@ from ...runtime import (
     row_tile,
 )
 from .._common import (
-    FLOAT_DTYPES_WITH_FP64,
     UNKEYABLE,
     SignatureCache,
-    check_norm_param,
-    check_normalized_shape,
-    layout_key,
     rows_cols,
     shape_key,
     stats_dtype,
 )
 from ..layer_norm import LayerNormTuning
+from .checks import CASTING_MODES as CASTING_MODES
+from .checks import checked as _checked
 from .kernels import rms_norm_fwd_chunked_kernel, rms_norm_fwd_kernel
 from .plans import BackwardPlan
 from .plans import backward_plan as _backward_plan
 
-CASTING_MODES = ("torch", "llama", "gemma")
 
 
 @dataclass(frozen=True)
@@ -232,22 +229,15 @@ def _find_backward_plan(n_rows, n_cols, weight_offset, dtypes, has_weight, casti
 _BACKWARD_PLANS = SignatureCache()
 
 
-def _backward_launches(plan, dy, dsum, x, w, rstd, n_cols, need_dx, need_dw, dw_dtype,
-                       weight_shaped: bool = False):
+def _backward_launches(plan, dy, dsum, x, w, rstd, n_cols, need_dx, need_dw, dw_dtype):
     """Allocate and launch the backward of a plan (n_rows > 0, n_cols > 0, contiguous dy, x,
-    dsum). ``dweight`` comes flat, or with ``weight_shaped`` in the shape of ``w`` (the
-    contiguous weight)."""
+    dsum) for :func:`rms_norm_backward`; ``dweight`` comes flat."""
     n_partials, launches = plan
     dx = torch.empty_like(x) if need_dx else x.new_empty(0)  # x is contiguous
     dsum = dsum if dsum is not None else dy  # never read without HAS_DSUM
     # Row g of the partial buffer (n_partials x n_cols, flat): the dweight sum of row group g.
     dw_partial = x.new_empty(n_partials * n_cols if need_dw else 0, dtype=stats_dtype(x.dtype))
-    if not need_dw:
-        dw = x.new_empty(0, dtype=dw_dtype)
-    elif weight_shaped:
-        dw = torch.empty_like(w)
-    else:
-        dw = x.new_empty(n_cols, dtype=dw_dtype)
+    dw = x.new_empty(n_cols if need_dw else 0, dtype=dw_dtype)
     for name, launch in launches.items():
         if name == "fused" or name == "dx_rows":  # "dx_rows": the partial sums not written
             launch.launch(dy, x, w, rstd, dsum, dx, dw_partial)
@@ -276,95 +266,167 @@ def _rms_norm_setup_context(ctx, inputs, output):
     n_rows, n_cols = rows_cols(x, norm_ndim)
     if getattr(ctx, "eager", False) and n_rows and n_cols and normalised.is_contiguous() and (
             weight is None or weight.is_contiguous()):
-        need = (ctx.needs_input_grad[0] or ctx.needs_input_grad[1], ctx.needs_input_grad[2])
-        ctx.backward_plan = _planned_backward(x, weight, y.dtype, ctx.has_residual, n_rows,
-                                              n_cols, weight_offset, casting_mode, need)
+        ctx.backward_plan = _kept_backward(x, weight, y.dtype, ctx.has_residual, n_rows, n_cols,
+                                           norm_ndim, weight_offset, casting_mode,
+                                           ctx.needs_input_grad)
+    else:
+        ctx.backward_plan = None
 
 
-def _planned_backward(x, weight, y_dtype, has_residual, n_rows, n_cols, weight_offset,
-                      casting_mode, need):
-    """The backward's plan for the usual case (contiguous gradients of the outputs' dtypes, the
-    sum's gradient present when there is a sum), found on the calling thread: the backward then
-    only allocates and launches."""
+def _kept_backward(x, weight, y_dtype, has_residual, n_rows, n_cols, norm_ndim, weight_offset,
+                   casting_mode, needs) -> tuple:
+    """What the eager backward of the usual case (contiguous gradients of the outputs' dtypes)
+    needs, found on the calling thread, so that the backward only checks the gradients,
+    allocates and launches (:func:`_rms_norm_backward_kept`): ``(y's dtype, x's dtype, x's
+    device index, need_x, need_residual, need_dw, the launches without the sum's gradient, with
+    it (None without a residual), (norm_ndim, weight_offset, casting_mode) for the op)``.
+    ``needs``: ``ctx.needs_input_grad`` (x, residual, weight first). Kept per signature: the
+    general path asks at every call."""
+    need_x, need_residual, need_dw = needs[0], needs[1], needs[2]
+    key = (n_rows, n_cols, norm_ndim, weight_offset, casting_mode, y_dtype, x.dtype,
+           weight.dtype if weight is not None else None, has_residual, need_x, need_residual,
+           need_dw, x.device)
+    return _KEPT_BACKWARDS.found(TUNING, key, lambda: _make_kept_backward(
+        x, weight, y_dtype, has_residual, n_rows, n_cols, norm_ndim, weight_offset,
+        casting_mode, need_x, need_residual, need_dw))
+
+
+def _make_kept_backward(x, weight, y_dtype, has_residual, n_rows, n_cols, norm_ndim,
+                        weight_offset, casting_mode, need_x, need_residual, need_dw) -> tuple:
+    """:func:`_kept_backward`'s entry, made once."""
     dw_dtype = _dw_dtype(x, weight)
-    dtypes = (y_dtype, x.dtype, (weight if weight is not None else x).dtype,
-              x.dtype if has_residual else None, dw_dtype)
-    return (_find_backward_plan(n_rows, n_cols, weight_offset, dtypes, weight is not None,
-                                casting_mode, need, x.device), n_cols, need, dw_dtype, y_dtype)
+    w_dtype = (weight if weight is not None else x).dtype
+    need = (need_x or need_residual, need_dw)
+    # Both of add_rms_norm's: with the sum's gradient, and without (a model's last norm, whose
+    # sum is unused), which otherwise takes the op's path at twice the host time.
+    launches = [_kept_launches(_find_backward_plan(
+        n_rows, n_cols, weight_offset, (y_dtype, x.dtype, w_dtype, dsum_dtype, dw_dtype),
+        weight is not None, casting_mode, need, x.device), n_cols)
+        for dsum_dtype in ((None, x.dtype) if has_residual else (None,))]
+    return (y_dtype, x.dtype, x.get_device(), need_x, need_residual, need_dw, launches[0],
+            launches[1] if has_residual else None, (norm_ndim, weight_offset, casting_mode))
+
+
+#: :func:`_kept_backward`'s results by its arguments.
+_KEPT_BACKWARDS = SignatureCache()
+
+
+def _kept_launches(plan: BackwardPlan, n_cols: int) -> tuple:
+    """A plan's launches in :func:`_rms_norm_backward_planned`'s order, by their operands (no
+    names to compare at each call): ``(the rows' launch ("fused" or "dx_rows": dx and the
+    partial sums), "dx", "dw", "sum" (None: not launched), the partial sums' size)``."""
+    launches = plan.launches
+    return (launches.get("fused") or launches.get("dx_rows"), launches.get("dx"),
+            launches.get("dw"), launches.get("sum"), plan.n_partials * n_cols)
+
+
+def _rms_norm_backward_planned(launches, dy, dsum, x, weight, rstd, need_dx, need_dw):
+    """``(dx, dweight)`` (None where not needed), dweight in the weight's shape, with the kept
+    ``launches`` (:func:`_kept_launches`): contiguous dy, x, dsum. Autograd runs a CUDA backward
+    on its device thread, already on x's device; each line here costs 2-3 times its time on the
+    caller's thread there (cold caches), so nothing is allocated that no kernel writes."""
+    rows, dx_chunked, dw_chunked, sum_partials, partial_size = launches
+    w = weight if weight is not None else x  # never read without a weight
+    if dsum is None:
+        dsum = dy  # never read without HAS_DSUM
+    dx = torch.empty_like(x) if need_dx else None  # x is contiguous
+    if need_dw:
+        # Row g of the partial buffer (flat): the dweight sum of row group g, in rstd's dtype.
+        partials = rstd.new_empty(partial_size)
+        dw = torch.empty_like(weight)
+    else:  # rstd stands in for the partial sums: never written with COMPUTE_DW off
+        partials, dw = rstd, None
+    if rows is not None:  # x stands in for dx: never written with COMPUTE_DX off
+        rows.launch_eager(dy, x, w, rstd, dsum, x if dx is None else dx, partials)
+    elif dx is not None:
+        dx_chunked.launch_eager(dy, x, w, rstd, dsum, dx)
+    if dw is not None:
+        if dw_chunked is not None:
+            dw_chunked.launch_eager(dy, x, rstd, partials)
+        sum_partials.launch_eager(partials, partials, dw, dw)  # COMPUTE_DB off: one pair read
+    return dx, dw
+
+
+def _rms_norm_backward_kept(ctx, dy, dsum, _drstd):
+    """The backward of :func:`_rms_norm_forward_planned`'s Function (inputs x, residual, weight,
+    the kept plans): the kept launches for the usual gradients (the dtypes of y and the sum,
+    contiguous, an eager backward), else the op. Everything it reads was worked out in the
+    forward (:func:`_kept_backward`), once per signature."""
+    (y_dtype, x_dtype, device, need_x, need_residual, need_dw, plain, with_dsum,
+     op_args) = ctx.backward_plan
+    if dy is None:  # y did not reach the loss: the sum's gradient passes through the add
+        return dsum if need_x else None, dsum if need_residual else None, None, None
+    launches = plain if dsum is None else (
+        with_dsum if dsum.dtype is x_dtype and dsum.is_contiguous() else None)
+    x, weight, rstd = ctx.saved_tensors
+    if (launches is not None and dy.dtype is y_dtype and dy.is_contiguous()
+            and dy.get_device() == device and runtime.eager_backward()):
+        dx, dw = _rms_norm_backward_planned(launches, dy, dsum, x, weight, rstd,
+                                            need_x or need_residual, need_dw)
+        # d(x + residual) reaches x and residual alike: the same tensor, as torch's add returns.
+        return dx if need_x else None, dx if need_residual else None, dw, None
+    return (*_op_backward(dy, dsum, x, weight, rstd, *op_args, need_x, need_residual, need_dw),
+            None)
+
+
+def _op_backward(dy, dsum, x, weight, rstd, norm_ndim, weight_offset, casting_mode, need_x,
+                 need_residual, need_dw):
+    """``(dx, dresidual, dweight)`` from the op :func:`rms_norm_backward` (None: not needed)."""
+    dx, dw = rms_norm_backward(dy, dsum, x, weight, rstd, norm_ndim, weight_offset, casting_mode,
+                               need_x or need_residual, need_dw)
+    # d(x + residual) reaches x and residual alike: the same tensor, as torch's add returns.
+    return (dx if need_x else None, dx if need_residual else None,
+            dw.view(weight.shape) if need_dw else None)
+
+
+def _rms_norm_backward_autograd(ctx, dy, dsum, _drstd):
+    unused = (None,) * 5  # norm_ndim, eps, weight_offset, casting_mode, out_dtype
+    if ctx.backward_plan is not None:  # an eager call's: as the planned forward's Function
+        return (*_rms_norm_backward_kept(ctx, dy, dsum, _drstd)[:3], *unused)
+    need_x, need_residual, need_dw = ctx.needs_input_grad[:3]
+    if dy is None:  # y did not reach the loss: the sum's gradient passes through the add
+        return (dsum if need_x else None, dsum if need_residual else None, None, *unused)
+    x, weight, rstd = ctx.saved_tensors
+    return (*_op_backward(dy, dsum, x, weight, rstd, ctx.norm_ndim, ctx.weight_offset,
+                          ctx.casting_mode, need_x, need_residual, need_dw), *unused)
 
 
 def _rms_norm_forward_planned(ctx, x, residual, weight, ready):
     """The eager autograd forward of a kept signature (:func:`_rms_norm`'s ``RECORD`` path):
     :func:`rms_norm_forward` and :func:`_rms_norm_setup_context` with the plans kept for it
-    (the backward's by which inputs need a gradient, found at the first such call)."""
-    norm_ndim, _, weight_offset, y_dtype, n_rows, plan, casting_mode, backward_plans = ready
+    (the backward's by which inputs need a gradient, found at the first such call). Without a
+    residual the sum is None, not an empty placeholder (an allocation a call): rms_norm drops
+    it. Only what :func:`_rms_norm_backward_kept` reads is set on ``ctx``."""
+    plan, y_dtype, rstd_dtype, n_rows, backward_plans = ready[:5]
     y = torch.empty_like(x, dtype=y_dtype, memory_format=torch.contiguous_format)
-    rstd = x.new_empty(n_rows, dtype=stats_dtype(x.dtype))
-    has_residual = residual is not None
+    rstd = x.new_empty(n_rows, dtype=rstd_dtype)
     w = weight if weight is not None else x  # never read without a weight
     with runtime.device_guard(x):
-        if has_residual:
+        if residual is None:  # y stands in for the sum: never written
+            total = None
+            plan.launch_eager(x, x, w, y, y, rstd)
+        else:
             total = torch.empty_like(x, memory_format=torch.contiguous_format)
             plan.launch_eager(x, residual, w, y, total, rstd)
-        else:  # y stands in for the sum: never written
-            total = x.new_empty(0)
-            plan.launch_eager(x, x, w, y, y, rstd)
     # As _rms_norm_setup_context marks them.
-    ctx.mark_non_differentiable(*((rstd,) if has_residual else (rstd, total)))
+    ctx.mark_non_differentiable(rstd)
     ctx.set_materialize_grads(False)
-    normalised = total if has_residual else x
-    ctx.save_for_backward(normalised, weight, rstd)
-    ctx.norm_ndim, ctx.weight_offset, ctx.casting_mode = norm_ndim, weight_offset, casting_mode
-    ctx.has_residual = has_residual
-    need = (ctx.needs_input_grad[0] or ctx.needs_input_grad[1], ctx.needs_input_grad[2])
-    planned = backward_plans.get(need)
-    if planned is None:
-        planned = backward_plans[need] = _planned_backward(
-            x, weight, y_dtype, has_residual, *rows_cols(x, norm_ndim), weight_offset,
-            casting_mode, need)
-    ctx.backward_plan = planned
+    ctx.save_for_backward(x if total is None else total, weight, rstd)
+    needs = ctx.needs_input_grad
+    kept = backward_plans.get(needs)
+    if kept is None:
+        kept = backward_plans[needs] = _kept_backward(x, weight, y_dtype, total is not None,
+                                                      n_rows, *ready[5:], needs)
+    ctx.backward_plan = kept
     return y, total, rstd
-
-
-@runtime.launch_directly
-def _rms_norm_backward_planned(planned, dy, dsum, x, weight, rstd):
-    """``(dx, dweight)``, dweight in the weight's shape."""
-    plan, n_cols, need, dw_dtype, _ = planned
-    return _backward_launches(plan, dy, dsum, x, weight if weight is not None else x, rstd,
-                              n_cols, *need, dw_dtype, weight_shaped=True)
-
-
-def _takes_planned_backward(planned, dy, dsum, x, has_residual) -> bool:
-    return (planned is not None and dy.dtype == planned[-1] and dy.is_contiguous()
-            and dy.device == x.device and (dsum is not None) == has_residual
-            and (dsum is None or (dsum.dtype == x.dtype and dsum.is_contiguous()))
-            and runtime.eager_backward())
-
-
-def _rms_norm_backward_autograd(ctx, dy, dsum, _drstd):
-    x, weight, rstd = ctx.saved_tensors
-    need_x, need_residual, need_dw = ctx.needs_input_grad[:3]
-    need_dx = need_x or need_residual
-    unused = (None,) * 5  # norm_ndim, eps, weight_offset, casting_mode, out_dtype
-    if dy is None:  # y did not reach the loss: the sum's gradient passes through the add
-        return (dsum if need_x else None, dsum if need_residual else None, None, *unused)
-    planned = getattr(ctx, "backward_plan", None)
-    if _takes_planned_backward(planned, dy, dsum, x, ctx.has_residual):
-        # Autograd runs a CUDA backward on its device thread, already on x's device.
-        dx, dw = _rms_norm_backward_planned(planned, dy, dsum, x, weight, rstd)
-    else:
-        dx, dw = rms_norm_backward(dy, dsum, x, weight, rstd, ctx.norm_ndim, ctx.weight_offset,
-                                   ctx.casting_mode, need_dx, need_dw)
-        dw = dw.view(weight.shape) if need_dw else None
-    # d(x + residual) reaches x and residual alike: the same tensor, as torch's add returns.
-    return (dx if need_x else None, dx if need_residual else None,
-            dw if need_dw else None, *unused)
 
 
 rms_norm_forward.register_autograd(
     _rms_norm_backward_autograd, setup_context=_rms_norm_setup_context
 )
-rms_norm_forward.register_planned_forward(_rms_norm_forward_planned)
+# The planned Function has a backward of its own: what it reads was worked out in its forward,
+# where the op's backward would look up and check ctx attributes on autograd's device thread.
+rms_norm_forward.register_planned_forward(_rms_norm_forward_planned, _rms_norm_backward_kept)
 
 
 # --------------------------------------------------------------------------------------------
@@ -385,91 +447,26 @@ def _autocast_out_dtype(x: torch.Tensor, casting_mode: str) -> torch.dtype | Non
     return AUTOCAST.dtype_for("cuda" if x.is_cuda else "cpu")  # checked: CUDA or the CPU
 
 
-def _check_dense(t: torch.Tensor | None, name: str) -> None:
-    if t is not None and (t.is_nested or t.layout != torch.strided):
-        got = "a nested tensor" if t.is_nested else f"layout {t.layout}"
-        raise TypeError(f"{name} must be a dense (strided) tensor, got {got}")
-
-
-def _check_real(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a float, got {type(value).__name__}")
-    return float(value)
-
-
-def _checked(x, residual, normalized_shape, weight, eps, weight_offset, casting_mode,
-             check_residual: bool) -> tuple[int, float, float]:
-    """``(norm_ndim, eps, weight_offset)`` as the op takes them, from :func:`_check_arguments`
-    once per call signature."""
-    return _CALLS.checked(_call_key, _check_arguments, x, residual, normalized_shape, weight, eps,
-                          weight_offset, casting_mode, check_residual)
-
-
-def _call_key(x, residual, normalized_shape, weight, eps, weight_offset, casting_mode,
-              check_residual):
-    """Everything the checks read."""
-    return (layout_key(x), layout_key(residual) if check_residual else check_residual,
-            shape_key(normalized_shape), layout_key(weight), eps, type(eps), weight_offset,
-            type(weight_offset), casting_mode)
-
-
-#: rms_norm's and add_rms_norm's checked call signatures -> :func:`_checked`'s result.
-_CALLS = SignatureCache()
-
-
-def _check_arguments(x, residual, normalized_shape, weight, eps, weight_offset, casting_mode,
-                     check_residual: bool) -> tuple[int, float, float]:
-    """Every argument checked before anything launches; ``(norm_ndim, eps, weight_offset)``
-    as the op takes them."""
-    runtime.check_tensor(x, "x", dtypes=FLOAT_DTYPES_WITH_FP64)
-    _check_dense(x, "x")
-    if check_residual:
-        runtime.check_tensor(residual, "residual", dtypes=FLOAT_DTYPES_WITH_FP64)
-        _check_dense(residual, "residual")
-        if residual.shape != x.shape:
-            raise ValueError(f"residual must have the shape of x {tuple(x.shape)}, got "
-                             f"{tuple(residual.shape)}")
-        runtime.check_same_dtype(x=x, residual=residual)
-    shape = check_normalized_shape(normalized_shape, x)
-    check_norm_param(weight, "weight", shape)
-    _check_dense(weight, "weight")
-    runtime.check_same_device(x=x, residual=residual, weight=weight)
-    if eps is None:  # as torch: the epsilon of the arithmetic type (fp32 for fp16/bf16 rows)
-        eps = torch.finfo(stats_dtype(x.dtype)).eps
-    eps = _check_real(eps, "eps")
-    if not eps >= 0:
-        raise ValueError(f"eps must be >= 0, got {eps}")
-    weight_offset = _check_real(weight_offset, "weight_offset")
-    if not math.isfinite(weight_offset):
-        raise ValueError(f"weight_offset must be finite, got {weight_offset}")
-    if not isinstance(casting_mode, str):
-        raise TypeError(f"casting_mode must be a str, got {type(casting_mode).__name__}")
-    if casting_mode not in CASTING_MODES:
-        raise ValueError(f"casting_mode must be one of {list(CASTING_MODES)}, got "
-                         f"{casting_mode!r}")
-    return len(shape), eps, weight_offset
-
-
 def _rms_norm(x, residual, normalized_shape, weight, eps, weight_offset, casting_mode,
               check_residual: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(y, x + residual)`` of both public functions (the sum a placeholder without a
+    """``(y, x + residual)`` of both public functions (the sum None or a placeholder without a
     residual)."""
     path = rms_norm_forward.eager_path(x, residual, weight)
     if path:  # an eager call of layouts seen before: straight to the launch
         try:
             out_dtype = _autocast_out_dtype(x, casting_mode)
-            ready = _READY.under(TUNING).get(_ready_key(
+            ready = (_READY if _READY.tuning is TUNING else _READY.under(TUNING)).get(_ready_key(
                 x, residual, normalized_shape, weight, eps, weight_offset, casting_mode,
                 check_residual, out_dtype))
         except UNKEYABLE:
             ready = None
         if ready is not None:
-            if path == runtime.RECORD:
+            if path == RECORD:
                 y, total, _ = rms_norm_forward.record_planned(x, residual, weight, ready)
                 return y, total
-            y_dtype, n_rows, plan = ready[3:6]
+            plan, y_dtype, rstd_dtype, n_rows = ready[:4]
             y = torch.empty_like(x, dtype=y_dtype, memory_format=torch.contiguous_format)
-            rstd = x.new_empty(n_rows, dtype=stats_dtype(x.dtype))
+            rstd = x.new_empty(n_rows, dtype=rstd_dtype)
             w = weight if weight is not None else x  # never read without a weight
             with runtime.device_guard(x):
                 if residual is None:  # y stands in for the sum: never written
@@ -481,8 +478,8 @@ def _rms_norm(x, residual, normalized_shape, weight, eps, weight_offset, casting
     norm_ndim, eps_, weight_offset_ = _checked(x, residual, normalized_shape, weight, eps,
                                                weight_offset, casting_mode, check_residual)
     out_dtype = _autocast_out_dtype(x, casting_mode)
-    y, total, _ = rms_norm_forward(x, residual, weight, norm_ndim, eps_, weight_offset_,
-                                   casting_mode, out_dtype)
+    y, total, rstd = rms_norm_forward(x, residual, weight, norm_ndim, eps_, weight_offset_,
+                                      casting_mode, out_dtype)
     n_rows, n_cols = rows_cols(x, norm_ndim)
     if path and n_rows and n_cols and x.is_contiguous() and (
             residual is None or residual.is_contiguous()) and (
@@ -494,23 +491,32 @@ def _rms_norm(x, residual, normalized_shape, weight, eps, weight_offset, casting
         _READY.under(TUNING).remember(
             _ready_key(x, residual, normalized_shape, weight, eps, weight_offset, casting_mode,
                        check_residual, out_dtype),
-            (norm_ndim, eps_, weight_offset_, y.dtype, n_rows, plan, casting_mode, {}))
+            (plan, y.dtype, rstd.dtype, n_rows, {}, n_cols, norm_ndim, weight_offset_,
+             casting_mode))
     return y, total
 
 
 def _ready_key(x, residual, normalized_shape, weight, eps, weight_offset, casting_mode,
                check_residual, out_dtype):
-    """An eager call's layouts (all the checks read, and the strides) and other arguments."""
+    """An eager call's layouts (all the checks read, and the strides) and other arguments.
+    :func:`layout_key` and :func:`shape_key` written out (an int or a tuple of one int, the
+    usual ``normalized_shape``, as it is): a frame each costs as much as the key's lookup."""
+    shape = normalized_shape
+    if type(shape) is not int and not (type(shape) is tuple and len(shape) == 1
+                                       and type(shape[0]) is int):
+        shape = shape_key(shape)
     return (x.shape, x.stride(), x.dtype, x.device, x.layout,
-            (residual.stride(), *layout_key(residual)) if check_residual else None,
-            shape_key(normalized_shape),
-            (weight.stride(), *layout_key(weight)) if weight is not None else None,
+            (residual.stride(), residual.shape, residual.dtype, residual.device,
+             residual.layout) if check_residual else None,
+            shape,
+            (weight.stride(), weight.shape, weight.dtype, weight.device, weight.layout)
+            if weight is not None else None,
             eps, type(eps), weight_offset, type(weight_offset), casting_mode, out_dtype)
 
 
-#: Eager calls' :func:`_ready_key` -> ``(norm_ndim, eps, weight_offset, y's dtype, rows, the
-#: forward's plan, casting_mode, the backward's plans by which inputs need a gradient)`` for
-#: contiguous operands that were checked.
+#: Eager calls' :func:`_ready_key` -> ``(the forward's plan, y's dtype, rstd's dtype, rows,
+#: {ctx.needs_input_grad: the backward's kept launches (_kept_backward)}, columns, norm_ndim,
+#: weight_offset, casting_mode)`` for contiguous operands that were checked.
 _READY = SignatureCache()
 
 
