@@ -353,6 +353,9 @@ layer_norm_forward.register_planned_forward(_layer_norm_forward_planned)
 # --------------------------------------------------------------------------------------------
 # Public function.
 # --------------------------------------------------------------------------------------------
+# Cast as autocast asks (x to fp32 under CUDA autocast, as F.layer_norm) before the kept path
+# below, which takes arguments already cast: a bf16 x otherwise went the general path each call.
+@runtime.follows_autocast(layer_norm_forward)
 def layer_norm(
     x: torch.Tensor,
     normalized_shape,

@@ -230,6 +230,8 @@ softmax_forward.register_planned_forward(_softmax_forward_planned)
 # --------------------------------------------------------------------------------------------
 # Public function.
 # --------------------------------------------------------------------------------------------
+# Cast as autocast asks before the kept path below, which takes arguments already cast.
+@runtime.follows_autocast(softmax_forward)
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """``torch.softmax(x, dim)`` in Triton: fp16/bf16/fp32 (fp32 arithmetic) and fp64, any dim,
     any strides, differentiable (a Triton backward), and traceable by ``torch.compile``."""
