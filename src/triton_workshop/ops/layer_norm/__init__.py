@@ -260,18 +260,9 @@ def launch_planned_forward(plan, x, weight, bias, n_rows: int):
 def _layer_norm_forward_planned(ctx, x, weight, bias, ready, _eps):
     """The eager autograd forward of a kept signature (:func:`layer_norm`'s ``RECORD`` path):
     :func:`layer_norm_forward` and :func:`_layer_norm_setup_context` with the plans kept for
-    it (the backward's by which inputs need a gradient, found at the first such call), written
-    out: a call or a lookup less is a few hundred nanoseconds less on the GPU's host."""
-    norm_ndim, _, n_rows, plan, backward_plans, stats, y_like_x = ready
-    # x's strides are the contiguous ones (y_like_x): empty_like keeps them, without the
-    # memory format to parse.
-    y = (torch.empty_like(x) if y_like_x
-         else torch.empty_like(x, memory_format=torch.contiguous_format))
-    mean = x.new_empty(n_rows, dtype=stats)
-    rstd = mean.new_empty(n_rows)
-    with runtime.device_guard(x):
-        plan.launch_eager(x, weight if weight is not None else x,
-                          bias if bias is not None else x, y, mean, rstd)
+    it (the backward's by which inputs need a gradient, found at the first such call)."""
+    norm_ndim, _, n_rows, plan, backward_plans = ready[:5]
+    y, mean, rstd = launch_planned_forward(plan, x, weight, bias, n_rows)
     ctx.mark_non_differentiable(mean, rstd)
     ctx.set_materialize_grads(False)
     ctx.save_for_backward(x, weight, mean, rstd)
@@ -376,7 +367,9 @@ def layer_norm(
             if path == RECORD:
                 return layer_norm_forward.record_planned(x, weight, bias, ready, eps)[0]
             _, _, n_rows, plan, _, stats, y_like_x = ready
-            y = (torch.empty_like(x) if y_like_x  # see _layer_norm_forward_planned
+            # x's strides are the contiguous ones (y_like_x): empty_like keeps them, without
+            # the memory format to parse.
+            y = (torch.empty_like(x) if y_like_x
                  else torch.empty_like(x, memory_format=torch.contiguous_format))
             # No autograd: the statistics are not kept, and the kernels only write them (never
             # read them back), so one buffer takes both: an allocation less.
