@@ -104,6 +104,12 @@ def build_cases(tw, torch, device, dtype) -> tuple[list[Case], list[str]]:
     cases.append(Case("linear", lambda: tw.linear(x, w, b), lambda: F.linear(x, w, b),
                       _backward_of(lambda: tw.linear(xg, wg, bg), g16),
                       _backward_of(lambda: F.linear(xg, wg, bg), g16)))
+    # A Linear fused with its GELU (patch's default swap for a Linear followed by a GELU).
+    cases.append(Case(
+        "linear_gelu", lambda: tw.linear(x, w, b, activation="gelu"),
+        lambda: F.gelu(F.linear(x, w, b), approximate="tanh"),
+        _backward_of(lambda: tw.linear(xg, wg, bg, activation="gelu"), g16),
+        _backward_of(lambda: F.gelu(F.linear(xg, wg, bg), approximate="tanh"), g16)))
     a, bm = rand(8, 32), rand(32, 16)
     ag, bmg = rand(8, 32, grad=True), rand(32, 16, grad=True)
     cases.append(Case("matmul", lambda: tw.matmul(a, bm), lambda: torch.matmul(a, bm),
