@@ -227,6 +227,48 @@ def test_expanded_output_gradient():
         assert_close(t.grad, r.grad, torch.float32, "grad")
 
 
+
+@pytest.mark.parametrize("layout", ["gqa", "packed_qkv"])
+def test_repeated_calls_of_a_kept_signature_match_float64(layout, planned_launches, monkeypatch):
+    """Repeated eager calls of one signature: from the second on, the forward and the backward
+    launch what was kept for it (the backward op is never called, whatever the incoming
+    gradient's layout: like out, transposed, expanded), and every call's gradients, on fresh
+    random inputs and gradients, match the float64 reference."""
+    op_backwards = []
+    real_backward = attention_module.attention_backward
+    monkeypatch.setattr(attention_module, "attention_backward",
+                        lambda *args: op_backwards.append(1) or real_backward(*args))
+    B, H, n, D = 2, 4, 23, 16
+    for step in range(5):
+        seed = seed_of("kept", layout, step)
+        if layout == "gqa":
+            q, k, v = make_qkv(B, H, 2, n, n, D, torch.float32, seed)
+        else:  # views of one (B, N, 3, H, D) projection, as a model slices them
+            g = torch.Generator().manual_seed(seed)
+            qkv = torch.randn(B, n, 3, H, D, generator=g).to(DEVICE).requires_grad_(True)
+            q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+        out = attention(q, k, v, causal=True)
+        g = torch.Generator().manual_seed(seed + 1)
+        if step == 3:  # (B, N, H, D) memory, as after out.transpose(1, 2).reshape(...)
+            grad = torch.randn(B, n, H, D, generator=g).to(DEVICE).transpose(1, 2)
+        elif step == 4:  # one row broadcast: strides (0, 0, 0, 1)
+            grad = torch.randn(D, generator=g).to(DEVICE).expand(out.shape)
+        else:
+            grad = torch.randn(out.shape, generator=g).to(DEVICE)
+        planned_launches.clear()
+        out.backward(grad)
+        ref, leaves = reference(q, k, v, True)
+        assert_close(out, ref, torch.float32)
+        ref.backward(grad.double())
+        grads = ((q.grad, k.grad, v.grad) if layout == "gqa"
+                 else tuple(qkv.grad[:, :, i].transpose(1, 2) for i in range(3)))
+        for name, mine, want in zip(("dq", "dk", "dv"), grads, leaves):
+            assert_close(mine, want.grad, torch.float32, f"step {step} {name}")
+        if step == 1:
+            assert [name for name, _ in planned_launches] == [
+                "attn_bwd_preprocess_kernel", "attn_bwd_dkdv_kernel", "attn_bwd_dq_kernel"]
+    assert len(op_backwards) == 1  # the first call's (the general path): none since
+
 def test_no_nan_with_huge_scores():
     # Scores in the thousands: every exp would overflow without the max subtraction, and the
     # causal and ragged masks must not produce -inf - -inf. PyTorch gives finite values here.

@@ -262,7 +262,8 @@ def test_cross_entropy_gradient_made_in_the_forward(launches, monkeypatch, dtype
     for _ in range(2):  # the first call and a kept signature
         launches.clear()
         _ce_grad_check(x, target, label_smoothing=0.1)
-        fwd, bwd = launches
+        # A kept signature's mean may be reduced by a kernel of its own: not a pass over rows.
+        fwd, bwd = [launch for launch in launches if launch[0] != "cross_entropy_reduce_kernel"]
         assert fwd[0] == "cross_entropy_fwd_kernel" and bwd[0] == "cross_entropy_bwd_kernel"
         made_in_forward = grad_in_forward and dtype != torch.float16
         assert fwd[1]["COMPUTE_GRAD"] == made_in_forward and fwd[1]["MEAN"] == made_in_forward
@@ -273,8 +274,9 @@ def test_cross_entropy_gradient_made_in_the_forward(launches, monkeypatch, dtype
     with torch.no_grad():
         cross_entropy(x, target)
     cross_entropy(x.detach(), target)
-    assert [name for name, _ in launches] == ["cross_entropy_fwd_kernel"] * 2
-    assert all(not consts["COMPUTE_GRAD"] for _, consts in launches), launches
+    rows = [(name, consts) for name, consts in launches if name != "cross_entropy_reduce_kernel"]
+    assert [name for name, _ in rows] == ["cross_entropy_fwd_kernel"] * 2
+    assert all(not consts["COMPUTE_GRAD"] for _, consts in rows), launches
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -1036,3 +1038,79 @@ def test_linear_peak_memory_is_not_tokens_times_vocabulary(reduction):
     # measured 16 MiB over the buffers alone): well under a quarter of the fp32 logits.
     budget = w.numel() * 2 + x.numel() * 2 + chunk + (64 << 20)
     assert extra < budget < logits_fp32 / 4, (extra / 2**20, budget / 2**20)
+
+
+# --------------------------------------------------------------------------------------------
+# Kept signatures: a repeated eager call computes as the first, and bad arguments still fail.
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_cross_entropy_kept_signature_repeats(dtype, reduction):
+    """Three eager calls of one signature (the first checks and keeps its plans, the others
+    take them): each loss and gradient as torch's in float64, an all-ignored mean NaN."""
+    x = _randn(6, 50, dtype=dtype, scale=2.0)
+    target = _targets(6, 50, ignored=[1, 4])
+    ref_x = x.double().requires_grad_()
+    ref = F.cross_entropy(ref_x, target, reduction=reduction, label_smoothing=0.1)
+    (ref_grad,) = torch.autograd.grad(ref.sum(), ref_x)
+    tol = dict(atol=2e-2, rtol=2e-2) if dtype == torch.bfloat16 else dict(atol=1e-5, rtol=1e-5)
+    for _ in range(3):
+        plain = cross_entropy(x, target, reduction=reduction, label_smoothing=0.1)
+        torch.testing.assert_close(plain.double(), ref.detach(), **tol)
+        xg = x.clone().requires_grad_()
+        loss = cross_entropy(xg, target, reduction=reduction, label_smoothing=0.1)
+        torch.testing.assert_close(loss.double(), ref.detach(), **tol)
+        (grad,) = torch.autograd.grad(loss.sum() * 1.0, xg)
+        torch.testing.assert_close(grad.double(), ref_grad, **tol)
+    ignored = torch.full_like(target, -100)
+    for _ in range(2):
+        assert cross_entropy(x, ignored).isnan()
+        assert cross_entropy(x.clone().requires_grad_(), ignored).isnan()
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_linear_cross_entropy_kept_signature_repeats(reduction):
+    """linear_cross_entropy's kept one-chunk signature, three calls: the loss and the three
+    gradients as torch's in float64 each time."""
+    x, w, b = _randn(7, 16), _randn(24, 16, scale=0.5), _randn(24)
+    target = _targets(7, 24, ignored=[3])
+    refs = [t.double().requires_grad_() for t in (x, w, b)]
+    ref = F.cross_entropy(F.linear(*refs), target, reduction=reduction, label_smoothing=0.05)
+    ref_grads = torch.autograd.grad(ref.sum(), refs)
+    for _ in range(3):
+        torch.testing.assert_close(
+            linear_cross_entropy(x, w, target, b, reduction=reduction,
+                                 label_smoothing=0.05).double(), ref.detach())
+        args = [t.clone().requires_grad_() for t in (x, w, b)]
+        loss = linear_cross_entropy(args[0], args[1], target, args[2], reduction=reduction,
+                                    label_smoothing=0.05)
+        torch.testing.assert_close(loss.double(), ref.detach())
+        grads = torch.autograd.grad(loss.sum(), args)
+        for got, want in zip(grads, ref_grads):
+            torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-4)
+
+
+def test_kept_signature_still_refuses_bad_arguments():
+    """A signature kept from good calls does not let a changed bad argument through: a target
+    of another dtype, a label_smoothing out of range, an unknown reduction."""
+    x, target = _randn(4, 10), _targets(4, 10)
+    w = _randn(10, 8)
+    h = _randn(4, 8)
+    for _ in range(2):
+        cross_entropy(x, target)
+        cross_entropy(x.clone().requires_grad_(), target)
+        linear_cross_entropy(h, w, target)
+    with pytest.raises((TypeError, ValueError), match="target"):
+        cross_entropy(x, target.int())
+    with pytest.raises((TypeError, ValueError), match="target"):
+        cross_entropy(x.clone().requires_grad_(), target.float())
+    with pytest.raises(ValueError, match="label_smoothing"):
+        cross_entropy(x, target, label_smoothing=1.5)
+    with pytest.raises(ValueError, match="label_smoothing"):
+        cross_entropy(x, target, label_smoothing=-0.1)
+    with pytest.raises(ValueError, match="reduction"):
+        cross_entropy(x, target, reduction="avg")
+    with pytest.raises((TypeError, ValueError), match="target"):
+        linear_cross_entropy(h, w, target.int())
+    with pytest.raises(ValueError, match="label_smoothing"):
+        linear_cross_entropy(h, w, target, label_smoothing=2.0)

@@ -452,3 +452,48 @@ def test_plans_are_per_dtype():
         x = torch.randn(n, device=DEVICE).to(dtype)
         y = torch.randn(n, device=DEVICE).to(dtype)
         torch.testing.assert_close(tw.add(x, y), x + y)
+
+
+# --------------------------------------------------------------------------------------------
+# A kept eager signature: repeated calls on fresh data, recording or not.
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_kept_signature_values_and_grads_on_fresh_data(dtype):
+    """The calls after a signature's first launch its kept plan (and, recording, the kept
+    autograd forward and backward): values and gradients against float64 torch each time, for
+    a gradient of the output's dtype and one of float64 (autograd casts it first)."""
+    elementwise_ops._READY.clear()
+    # (6, 1, 40) with a stride of its own on the size-1 dim: contiguous, but empty_like would
+    # copy that stride, so its kept output is allocated contiguous.
+    for shape, strides in (((6, 40), None), ((6, 1, 40), (40, 7, 1))):
+        for seed in range(4):
+            g = gen(seed_of("kept", dtype, shape, seed))
+            x, y, c = (positive(shape, dtype, g) for _ in range(3))
+            if strides is not None:
+                x, y, c = (t.as_strided(shape, strides) for t in (x, y, c))
+            leaves = [t.clone().requires_grad_() for t in (x, y, c)]
+            refs = [t.detach().double().requires_grad_() for t in (x, y, c)]
+            dout = randn(shape, dtype if seed % 2 else torch.float64, g)
+            for ours, theirs, n in ((tw.add, torch.add, 2),
+                                    (tw.fused_mul_add_sqrt,
+                                     lambda a, b, c_: torch.sqrt(a * b + c_), 3)):
+                check(ours(*(x, y, c)[:n]), theirs(*refs[:n]), dtype, shape)
+                out = ours(*leaves[:n])
+                assert out.is_contiguous() and out.stride() == torch.empty(shape).stride()
+                check(out, theirs(*refs[:n]), dtype, shape)
+                grads = torch.autograd.grad(out, leaves[:n], dout)
+                want = torch.autograd.grad(theirs(*refs[:n]), refs[:n], dout.to(dtype).double())
+                for got, ref in zip(grads, want):
+                    assert got.dtype == dtype
+                    torch.testing.assert_close(got.double(), ref, rtol=3 * tol(dtype)["rtol"],
+                                               atol=3 * tol(dtype)["atol"])
+
+
+def test_fused_mul_add_sqrt_backward_doubles_like_torch():
+    """The backward's ``grad / (out + out)`` is torch's ``grad / (2 * result)``, bit for bit,
+    large and tiny results included."""
+    for dtype in DTYPES:
+        out = torch.tensor([1e-20, 0.5, 3.0, 1e18, float("inf")], dtype=dtype, device=DEVICE)
+        grad = torch.tensor([1.0, -2.0, 0.25, 3.0, 1.0], dtype=dtype, device=DEVICE)
+        torch.testing.assert_close(grad / (out + out), grad / (2 * out), rtol=0, atol=0,
+                                   equal_nan=True)

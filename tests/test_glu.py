@@ -272,3 +272,31 @@ def test_past_2_to_the_31_elements():
     for got, want in ((out, ref), (dgate, ref_dgate), (dup, ref_dup)):
         torch.testing.assert_close(got.detach()[idx].double(), want.detach(), rtol=1e-2,
                                    atol=1e-3)
+
+
+@pytest.mark.parametrize("name", list(ACTIVATIONS))
+def test_kept_signature_values_and_grads_on_fresh_data(nan_outputs, name):
+    """The calls after a signature's first launch its kept plans (recording: the kept autograd
+    forward and backward): values and gradients against float64 torch each time; contiguous
+    operands, mixed dtypes, the strided halves of a fused projection, a gradient of float64
+    (autograd casts it first) and a strided one."""
+    from triton_workshop.ops import glu as glu_module
+
+    glu_module._READY.clear()
+    for seed in range(4):
+        for gate_dtype, up_dtype in ((torch.bfloat16, torch.bfloat16),
+                                     (torch.float32, torch.float32),
+                                     (torch.bfloat16, torch.float32)):
+            gate = _randn(5, 24, dtype=gate_dtype, seed=50 + seed)
+            up = _randn(5, 24, dtype=up_dtype, seed=60 + seed)
+            _check(name, gate, up)
+            out_dtype = torch.promote_types(gate_dtype, up_dtype)
+            dout = _randn(5, 24, dtype=out_dtype, seed=70 + seed, scale=1.0)
+            if seed == 1:  # float64 values of out_dtype: autograd's cast is exact
+                dout = dout.double()
+            if seed == 3:
+                dout = _randn(24, 5, dtype=out_dtype, seed=70 + seed, scale=1.0).t()
+            _check(name, gate.requires_grad_(), up.requires_grad_(), dout)
+            fused = _randn(5, 48, seed=80 + seed)
+            _check(name, fused[:, :24].requires_grad_(), fused[:, 24:].requires_grad_())
+            _check(name, fused[:, :24].detach(), fused[:, 24:].detach())

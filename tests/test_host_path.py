@@ -98,23 +98,32 @@ def test_linear_rows_of_every_rank_and_a_batched_view(shape):
 # The product: one plan per operand layout, made once (the backward's products included).
 # --------------------------------------------------------------------------------------------
 def test_forward_and_backward_products_reuse_their_plans(monkeypatch):
+    """The forward's plan is made once per layout; the backward makes none (its products are
+    torch's GEMMs: nothing to fuse), and its gradients are right."""
+    # Nothing kept from earlier tests: a new tuning object (signature caches) and plan cache.
+    monkeypatch.setattr(matmul_module, "TUNING", dataclasses.replace(matmul_module.TUNING))
+    monkeypatch.setattr(matmul_module.product, "_PRODUCT_PLANS", {})
     made = _count_calls(monkeypatch, matmul_module, "_new_product_plan")
     x, w, b = _rand(6, 32, seed=14, grad=True), _rand(8, 32, seed=15, grad=True), _rand(8, seed=16, grad=True)
     g = _rand(6, 8, seed=17)
-    tw.linear(x, w, b).backward(g)
-    first = len(made)
-    assert first >= 3  # the forward product, dx's and dweight's
-    grads = [t.grad.clone() for t in (x, w, b)]
-    for t in (x, w, b):
-        t.grad = None
-    tw.linear(x, w, b).backward(g)
-    assert len(made) == first  # nothing worked out again
-    for t, want in zip((x, w, b), grads):
-        torch.testing.assert_close(t.grad, want)
-    xr, wr, br = (t.detach().double().requires_grad_() for t in (x, w, b))
-    F.linear(xr, wr, br).backward(g.double())
-    for t, want in zip((x, w, b), (xr, wr, br)):
-        torch.testing.assert_close(t.grad, want.grad.float(), atol=1e-4, rtol=1e-4)
+    for activation in (None, "gelu"):  # gelu: the backward recomputes the pre-activation too
+        tw.linear(x, w, b, activation).backward(g)
+        assert len(made) == 1 + (activation == "gelu")  # the forward's plan, nothing else
+        grads = [t.grad.clone() for t in (x, w, b)]
+        for _ in range(2):
+            for t in (x, w, b):
+                t.grad = None
+            tw.linear(x, w, b, activation).backward(g)
+            assert len(made) == 1 + (activation == "gelu")  # nothing worked out again
+            for t, want in zip((x, w, b), grads):
+                torch.testing.assert_close(t.grad, want)
+        xr, wr, br = (t.detach().double().requires_grad_() for t in (x, w, b))
+        ref = F.linear(xr, wr, br)
+        (F.gelu(ref, approximate="tanh") if activation else ref).backward(g.double())
+        for t, want in zip((x, w, b), (xr, wr, br)):
+            torch.testing.assert_close(t.grad, want.grad.float(), atol=1e-4, rtol=1e-4)
+        for t in (x, w, b):
+            t.grad = None
 
 
 def test_a_replaced_tuning_or_tf32_setting_gets_new_plans(monkeypatch):

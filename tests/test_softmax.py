@@ -205,21 +205,45 @@ def test_offsets_past_2_31_elements():
 
 def test_eager_backward_takes_the_plan_made_in_the_forward(path, monkeypatch):
     """The eager forward finds the backward's plan for a gradient laid out like y; the backward
-    (on autograd's device thread on a GPU) then only allocates and launches. Any other gradient
-    layout, or a double backward, goes through the registered op."""
-    calls = []
-    planned = softmax_ops._softmax_backward_planned
-    monkeypatch.setattr(softmax_ops, "_softmax_backward_planned",
-                        lambda *args: calls.append(1) or planned(*args))
+    (on autograd's device thread on a GPU) then only allocates and launches, on a signature's
+    first call and on its kept repeats. Any other gradient layout, or a double backward, goes
+    through the registered op."""
+    general = []
+    registered = softmax_ops.softmax_backward
+    monkeypatch.setattr(softmax_ops, "softmax_backward",
+                        lambda *args: general.append(1) or registered(*args))
+    softmax_ops._READY.clear()
+    for seed in range(3):  # the first call, then the kept signature's
+        _check(_randn(8, 33, seed=10 + seed), -1)
+    assert general == []
     x = _randn(8, 33).requires_grad_()
-    _check(x, -1)
-    assert calls == [1]
     _check(x, -1, dy=_randn(33, 8, seed=2).t())
-    assert calls == [1]
+    assert general == [1]
     (dx,) = torch.autograd.grad(softmax(x, -1), x, _randn(8, 33, seed=3), create_graph=True)
-    assert calls == [1]
+    assert general == [1, 1]
     torch.testing.assert_close(
         dx, torch.autograd.grad(torch.softmax(x, -1), x, _randn(8, 33, seed=3))[0])
+
+
+def test_kept_signature_values_and_grads_on_fresh_data(path):
+    """A kept signature's repeated calls (plain, recording; a gradient of another dtype, which
+    autograd casts, or a strided one) against float64 torch on fresh data each time."""
+    softmax_ops._READY.clear()
+    for seed in range(4):
+        for dtype in (torch.float32, torch.bfloat16):
+            x = _randn(6, 40, dtype=dtype, seed=20 + seed).requires_grad_()
+            x64 = x.detach().double().requires_grad_()
+            y, ref = softmax(x, 1), torch.softmax(x64, 1)
+            tol = TOLERANCES[dtype]
+            torch.testing.assert_close(y.double(), ref, **tol)
+            torch.testing.assert_close(softmax(x.detach(), 1), y.detach())
+            dy = _randn(6, 40, dtype=torch.float64, seed=30 + seed)
+            if seed % 2:
+                dy = _randn(40, 6, dtype=torch.float64, seed=30 + seed).t()
+            (dx,) = torch.autograd.grad(y, x, dy)
+            (ref_dx,) = torch.autograd.grad(ref, x64, dy.to(dtype).double())
+            assert dx.dtype == dtype
+            torch.testing.assert_close(dx.double(), ref_dx, **tol)
 
 
 def test_tuning_is_part_of_the_plan_key(monkeypatch, planned_launches):

@@ -280,10 +280,6 @@ def _attention_backward(ctx, grad_out, grad_lse):
     n_inputs = 3 + len(_OPTIONS)
     if grad_out is None:  # the output did not reach the loss
         return (None,) * n_inputs
-    planned = getattr(ctx, "backward_plans", None)
-    if (planned is not None and grad_out.dtype is planned[0] and grad_out.stride() == planned[1]
-            and runtime.eager_backward()):
-        return (*_planned_backward(ctx, planned, grad_out), *(None,) * len(_OPTIONS))
     q, k, v, out, lse, *tensors = ctx.saved_tensors
     options = [t if t is not None else o for t, o in zip(tensors, ctx.options)]
     dq, dk, dv, dsinks = attention_backward(grad_out, q, k, v, out, lse, *options)
@@ -301,79 +297,106 @@ attention_forward.register_autograd(_attention_backward, setup_context=_attentio
 # or packed sequences): the launches of its signature kept, forward and backward.
 # --------------------------------------------------------------------------------------------
 def _kept_forward(q, k, v, out, causal, scale, window, softcap, dropout_p):
-    """What :func:`_attention_ready` needs for (B, H, N, D) operands of these layouts, as
-    attention_forward launched them into ``out``: ``(the forward's plan, the options as
-    setup_context keeps them, the features, [the backward's plans, found at the first call
-    that records])``; False where attention_forward launches nothing (an empty q or k)."""
+    """What :func:`attention` keeps for (B, H, N, D) operands of these layouts, as
+    attention_forward launched them into ``out``: ``(the forward's plan, lse's shape, the
+    backward's recipe (:class:`_KeptBackward`))``; False where attention_forward launches
+    nothing (an empty q or k)."""
     if out.numel() == 0 or k.shape[2] == 0:
         return False
     features = Features(None, window, softcap, None, dropout_p, None, None, None, 0, 0)
     grid, scalars, consts = _forward_launch(q, k, v, out, causal, scale, features)
     plan = runtime.LaunchPlan(attn_fwd_kernel, grid, (*features.pointers(sinks=True), *scalars),
                               consts)  # pointers: all None
-    options = [causal, scale, None, window, softcap, None, dropout_p, None]
-    return plan, options, features, []
+    kept = _KeptBackward(causal, scale, features)
+    kept.add(q, k, v, out, out)  # the usual incoming gradient: laid out like out
+    return plan, lse_shape(q), kept
 
 
-def _kept_backward(q, k, v, out, causal: bool, scale: float, features):
-    """``(dtype, strides, preprocess, dkdv, dq)``: the backward's launches for the usual case
-    of an incoming gradient laid out like ``out`` (its dtype and strides)."""
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)  # their layouts
-    (dkdv_grid, dkdv_scalars), (dq_grid, dq_scalars), common = _backward_launches(
-        q, k, v, out, dq, dk, dv, causal, scale, features)
-    pointers = features.pointers(sinks=False)  # all None
-    return (out.dtype, out.stride(),
-            _preprocess_plan(tuple(q.shape), out.stride(), out.stride(), q.dtype, TUNING),
-            runtime.LaunchPlan(attn_bwd_dkdv_kernel, dkdv_grid, (*pointers, *dkdv_scalars), common),
+class _KeptBackward(dict):
+    """The backward of one kept signature, worked out on the calling thread: the launches
+    ``(preprocess, dkdv, dq)`` by the incoming gradient's strides (its dtype is out's: autograd
+    casts it), so that the backward on autograd's device thread only allocates and launches;
+    and the registered op's options, for any other backward (a double backward, a watched one)."""
+
+    __slots__ = ("causal", "scale", "features", "options")
+
+    #: Gradient layouts kept per signature (a model sees one or two).
+    MAX_LAYOUTS = 8
+
+    def __init__(self, causal: bool, scale: float, features: Features):
+        super().__init__()
+        self.causal, self.scale, self.features = causal, scale, features
+        self.options = (causal, scale, None, features.window, features.softcap, None,
+                        features.dropout_p)
+
+    def add(self, q, k, v, out, grad_out) -> tuple:
+        """The launches for an incoming gradient laid out as ``grad_out``, kept."""
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)  # layouts
+        (dkdv_grid, dkdv_scalars), (dq_grid, dq_scalars), common = _backward_launches(
+            q, k, v, grad_out, dq, dk, dv, self.causal, self.scale, self.features)
+        pointers = self.features.pointers(sinks=False)  # all None
+        launches = (
+            _preprocess_plan(tuple(q.shape), out.stride(), grad_out.stride(), q.dtype, TUNING),
+            runtime.LaunchPlan(attn_bwd_dkdv_kernel, dkdv_grid, (*pointers, *dkdv_scalars),
+                               common),
             runtime.LaunchPlan(attn_bwd_dq_kernel, dq_grid, (*pointers, *dq_scalars), common))
+        self[grad_out.stride()] = launches
+        return launches
 
 
 def _attention_forward_planned(ctx, q, k, v, ready):
-    """The eager autograd forward of a kept signature (:func:`_attention_ready`'s ``RECORD``
-    path): attention_forward and :func:`_attention_setup_context` with the launches kept."""
-    plan, options, features, backward = ready
+    """The eager autograd forward of a kept signature (:func:`attention`'s ``RECORD`` path):
+    attention_forward with the launch kept, ``out`` alone as the Function's output (lse is
+    saved, never returned: nothing to mark non-differentiable), and on ``ctx`` only what
+    :func:`_attention_backward_kept` reads."""
+    plan, shape, kept = ready
     out = torch.empty_like(q)
-    lse = q.new_empty(lse_shape(q), dtype=torch.float32)
+    lse = q.new_empty(shape, dtype=torch.float32)
     with runtime.device_guard(q):
         plan.launch_eager(q, k, v, out, lse)
-    ctx.save_for_backward(q, k, v, out, lse, *(None,) * len(options))
-    ctx.options = options  # read, never changed
-    ctx.mark_non_differentiable(lse)
-    ctx.set_materialize_grads(False)
-    if not backward:
-        backward.append(_kept_backward(q, k, v, out, options[0], options[1], features))
-    ctx.backward_plans = backward[0]
-    return out, lse
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.kept = kept
+    return out
 
 
-def _planned_backward(ctx, planned, grad_out):
-    """``(dq, dk, dv)`` with the launches the forward kept. Autograd runs a CUDA backward on
-    its device thread, already on q's device."""
-    q, k, v, out, lse = ctx.saved_tensors[:5]
-    _, _, preprocess, dkdv, dq_launch = planned
+def _attention_backward_kept(ctx, grad_out):
+    """The backward of :func:`_attention_forward_planned`'s Function (inputs q, k, v, the kept
+    recipe): ``(dq, dk, dv, None)`` from the kept launches in an eager backward, else from the
+    op. Autograd runs a CUDA backward on its device thread, already on q's device."""
+    q, k, v, out, lse = ctx.saved_tensors
+    kept = ctx.kept
+    launches = kept.get(grad_out.stride())
+    if grad_out.dtype is not q.dtype or not runtime.eager_backward():
+        launches = None
+    elif launches is None and len(kept) < kept.MAX_LAYOUTS:  # a gradient of another layout
+        launches = kept.add(q, k, v, out, grad_out)
+    if launches is None:
+        dq, dk, dv, _ = attention_backward(grad_out, q, k, v, out, lse, *kept.options)
+        return dq, dk, dv, None
+    preprocess, dkdv, dq_launch = launches
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     delta = torch.empty_like(lse)
     preprocess.launch_eager(out, grad_out, delta)
     dkdv.launch_eager(q, k, v, grad_out, lse, delta, dk, dv)
     dq_launch.launch_eager(q, k, v, grad_out, lse, delta, dq)
-    return dq, dk, dv
+    return dq, dk, dv, None
 
 
-attention_forward.register_planned_forward(_attention_forward_planned)
+# The planned Function has a backward of its own: what it reads was worked out in the forward.
+attention_forward.register_planned_forward(_attention_forward_planned, _attention_backward_kept)
 
 
-def _attention_ready(path, ready, q, k, v, three_d: bool) -> torch.Tensor:
-    """The attention of checked operands of a kept signature (:func:`_kept_forward`)."""
-    if three_d:
-        q, k, v = q[None], k[None], v[None]
+def _attention_ready(path, ready, q, k, v) -> torch.Tensor:
+    """The attention of checked (B, H, N, D) operands of a kept signature
+    (:func:`_kept_forward`), on :meth:`~.RegisteredOp.eager_path`'s ``path``."""
     if path == runtime.RECORD:
-        out = attention_forward.record_planned(q, k, v, ready)[0]
-    else:
-        out = torch.empty_like(q)
-        lse = q.new_empty(lse_shape(q), dtype=torch.float32)
-        with runtime.device_guard(q):
-            ready[0].launch_eager(q, k, v, out, lse)
-    return out[0] if three_d else out
+        return attention_forward.record_planned(q, k, v, ready)
+    plan, shape, _ = ready
+    out = torch.empty_like(q)
+    lse = q.new_empty(shape, dtype=torch.float32)
+    with runtime.device_guard(q):
+        plan.launch_eager(q, k, v, out, lse)
+    return out
 
 
 #: Eager calls' layouts and options (no features' tensors) -> :func:`_kept_forward`.
@@ -483,7 +506,11 @@ def attention(
         except UNKEYABLE:
             key = None
         if ready:
-            return _attention_ready(path, ready, q, k, v, q.dim() == 3)
+            if q.dim() == 3:  # as one batch entry, as the general path launched it
+                return _attention_ready(path, ready, q[None], k[None], v[None])[0]
+            if path == runtime.RECORD:
+                return attention_forward.record_planned(q, k, v, ready)
+            return _attention_ready(path, ready, q, k, v)
     PUBLIC_CALLS.checked(public_key, check_public, q, k, v, causal, scale, key_padding_mask,
                          window, softcap, sinks, dropout_p)  # fmt: skip
     sm_scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)

@@ -42,7 +42,7 @@ from .loss import (
     cross_entropy_forward,
     cross_entropy_scale_grad,
 )
-from .plans import forward_plan, reduce_losses
+from .plans import forward_plan, reduce_losses, reduce_plan  # noqa: F401
 from .tuning import REDUCTIONS, TUNING, CrossEntropyTuning
 
 __all__ = [
@@ -100,17 +100,21 @@ def cross_entropy(
         except UNKEYABLE:
             ready = None
         if ready is not None:
-            plan, record = ready
+            plan, reduce, record = ready
             if path == runtime.RECORD:
                 return cross_entropy_forward.record_planned(input, target, record)[0]
-            n_rows = input.shape[0]
-            loss_rows = input.new_empty(n_rows, dtype=torch.float32)
-            lse = input.new_empty(n_rows, dtype=torch.float32)
-            with runtime.device_guard(input):  # lse stands in for what is never read
-                plan.launch_eager(input, target, lse, loss_rows, lse, lse)
-            # No count kept: no autograd Function will ask for it (see counted).
-            return reduce_losses(loss_rows, target, record[0], reduction, out_dtype,
-                                 keep_count=False)
+            # The loss rows stand in for the tensors the plan neither reads nor writes.
+            if reduce is None:  # "none": the rows' losses, stored in the loss's dtype
+                loss = input.new_empty(input.shape[0], dtype=out_dtype)
+                with runtime.device_guard(input):
+                    plan.launch_eager(input, target, loss, loss, loss, loss)
+                return loss
+            loss_rows = input.new_empty(input.shape[0], dtype=torch.float32)
+            loss = input.new_empty((), dtype=out_dtype)
+            with runtime.device_guard(input):
+                plan.launch_eager(input, target, loss_rows, loss_rows, loss_rows, loss_rows)
+                reduce.launch_eager(loss_rows, target, loss, loss)
+            return loss
     checked_ignore, smoothing = _CALLS.checked(
         loss_key, _check_cross_entropy, input, target, ignore_index, reduction, label_smoothing)
     device_type = "cuda" if input.is_cuda else "cpu"
@@ -125,15 +129,26 @@ def cross_entropy(
     loss = cross_entropy_forward(input, target, checked_ignore, reduction, smoothing,
                                  out_dtype, compute_grad)[0]
     if key is not None and input.shape[0]:
-        # As cross_entropy_forward launches it without a gradient: lse stands in for the count
-        # and the gradient.
-        plan = forward_plan(input.shape[0], input.shape[1],
-                            (input.dtype, target.dtype) + (torch.float32,) * 4, input.stride(),
-                            target.stride(0), 0, checked_ignore, smoothing, False, False,
-                            TUNING)
-        _READY.under(TUNING).remember(key, (plan, (
-            checked_ignore, smoothing, reduction, out_dtype, _grad_in_forward(input), [])))
+        _READY.under(TUNING).remember(key, _ready_plans(input, target, checked_ignore, smoothing,
+                                                        reduction, out_dtype))
     return loss
+
+
+def _ready_plans(input, target, ignore_index, smoothing, reduction, out_dtype):
+    """What :data:`_READY` keeps for a checked signature of (N, C) logits: the forward's plan
+    without autograd (loss rows in ``out_dtype`` for "none", else fp32 rows that one more kernel
+    reduces; no logsumexp stored), that reduction's plan (None for "none"), and what the eager
+    autograd forward takes."""
+    n_rows, n_cols = input.shape
+    rows_dtype = out_dtype if reduction == "none" else torch.float32
+    plan = forward_plan(n_rows, n_cols, (input.dtype, target.dtype) + (rows_dtype,) * 4,
+                        input.stride(), target.stride(0), 0, ignore_index, smoothing, False,
+                        False, False, TUNING)
+    reduce = None if reduction == "none" else reduce_plan(
+        n_rows, (torch.float32, target.dtype, out_dtype, out_dtype), target.stride(0),
+        ignore_index, reduction == "mean", False)
+    return plan, reduce, (ignore_index, smoothing, reduction, out_dtype,
+                          _grad_in_forward(input), [])
 
 
 def _grad_in_forward(input: torch.Tensor) -> bool:
@@ -143,9 +158,10 @@ def _grad_in_forward(input: torch.Tensor) -> bool:
 
 
 #: Eager calls' layouts, other arguments and loss dtype -> ``(the forward's plan without a
-#: gradient, what the eager autograd forward takes in place of the op's arguments:
-#: (ignore_index, label_smoothing, reduction, out_dtype, compute_grad, [its plans, found at the
-#: first call that records]))`` for (N, C) logits that were checked.
+#: gradient, the reduction's plan, what the eager autograd forward takes in place of the op's
+#: arguments: (ignore_index, label_smoothing, reduction, out_dtype, compute_grad, [its plans,
+#: found at the first call that records]))`` for (N, C) logits that were checked
+#: (:func:`_ready_plans`).
 _READY = SignatureCache()
 
 

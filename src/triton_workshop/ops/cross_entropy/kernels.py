@@ -135,18 +135,21 @@ def cross_entropy_fwd_kernel(
     n_cols, x_row_stride, x_col_stride, target_stride, grad_row_stride,
     ignore_index, smoothing,
     SMOOTHING: tl.constexpr, COMPUTE_GRAD: tl.constexpr, MEAN: tl.constexpr,
-    UNIT_COLS: tl.constexpr, BLOCK_N: tl.constexpr,
+    STORE_LSE: tl.constexpr, UNIT_COLS: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """Per row: ``loss`` and ``lse`` (fp32). With ``COMPUTE_GRAD`` the row's gradient is written
     to ``grad`` (contiguous rows; ``x`` itself where the caller owns the logits), divided by
     the count of targets at ``count_ptr`` for a ``MEAN``: the second read of the row, backwards,
-    mostly hits L2, which still holds what this program just streamed."""
+    mostly hits L2, which still holds what this program just streamed. Without ``STORE_LSE``
+    ``lse`` is not written (a forward without autograd: ``lse_ptr`` may stand for any tensor);
+    ``loss`` is stored in its own dtype."""
     row = tl.program_id(0).to(tl.int64)  # int64: row * stride may pass 2**31
     x_row = x_ptr + row * x_row_stride
     target = tl.load(target_ptr + row * target_stride)
     if target == ignore_index:
         tl.store(loss_ptr + row, 0.0)
-        tl.store(lse_ptr + row, 0.0)
+        if STORE_LSE:
+            tl.store(lse_ptr + row, 0.0)
         if COMPUTE_GRAD:
             _store_zero_row(grad_ptr + row * grad_row_stride, n_cols, BLOCK_N)
     else:
@@ -159,8 +162,9 @@ def cross_entropy_fwd_kernel(
             loss = lse - (1.0 - smoothing) * x_target - smoothing * (x_sum / n_cols)
         else:
             loss = lse - x_target
-        tl.store(loss_ptr + row, loss)
-        tl.store(lse_ptr + row, lse)
+        tl.store(loss_ptr + row, loss.to(loss_ptr.dtype.element_ty))
+        if STORE_LSE:
+            tl.store(lse_ptr + row, lse)
         if COMPUTE_GRAD:
             scale = _mean_scale(count_ptr, MEAN)
             _store_row_grad(x_row, grad_ptr + row * grad_row_stride, n_cols, x_col_stride,
@@ -170,10 +174,10 @@ def cross_entropy_fwd_kernel(
 
 @triton.jit
 def cross_entropy_bwd_kernel(
-    x_ptr, target_ptr, lse_ptr, scale_ptr, dx_ptr,
+    x_ptr, target_ptr, lse_ptr, scale_ptr, count_ptr, dx_ptr,
     n_cols, x_row_stride, x_col_stride, target_stride, lse_stride, scale_stride, dx_row_stride,
     ignore_index, smoothing,
-    FROM_GRAD: tl.constexpr, APPLIED: tl.constexpr, IN_PLACE: tl.constexpr,
+    FROM_GRAD: tl.constexpr, APPLIED: tl.constexpr, IN_PLACE: tl.constexpr, MEAN: tl.constexpr,
     UNIT_COLS: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """Per row: ``dx = scale * dloss/dx``, ``scale`` the incoming gradient (and ``1 / n_valid``
@@ -188,6 +192,10 @@ def cross_entropy_bwd_kernel(
       (``dx`` is ``x``; read only with ``FROM_GRAD``): a row whose factor is exactly 1, the
       usual incoming gradient of a loss, is neither read nor written, and ignored rows keep
       their zeros, whatever ``scale``.
+
+    ``MEAN``: ``scale`` is also divided by the count of targets at ``count_ptr`` (the eager
+    backward of a mean hands the incoming gradient over as it is; ``count_ptr`` is otherwise
+    never read).
     """
     row = tl.program_id(0).to(tl.int64)
     dx_row = dx_ptr + row * dx_row_stride
@@ -200,6 +208,8 @@ def cross_entropy_bwd_kernel(
             _store_zero_row(dx_row, n_cols, BLOCK_N)
     else:
         scale = tl.load(scale_ptr + row * scale_stride).to(tl.float32)
+        if MEAN:
+            scale = scale / tl.load(count_ptr).to(tl.float32)
         if FROM_GRAD:
             if APPLIED:
                 applied = tl.load(lse_ptr + row * lse_stride).to(tl.float32)
@@ -220,6 +230,36 @@ def cross_entropy_bwd_kernel(
             in_range = (target >= 0) & (target < n_cols)
             _store_row_grad(x_ptr + row * x_row_stride, dx_row, n_cols, x_col_stride, target,
                             in_range, lse, scale, smoothing, n_cols, UNIT_COLS, False, BLOCK_N)
+
+
+@triton.jit
+def cross_entropy_reduce_kernel(
+    loss_ptr, target_ptr, out_ptr, count_ptr,
+    n_rows, target_stride, ignore_index,
+    MEAN: tl.constexpr, KEEP_COUNT: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """One program: the sum of the ``n_rows`` per-row losses (fp32, ignored rows hold 0), for a
+    ``MEAN`` divided by the number of targets other than ``ignore_index`` (0 / 0 = NaN where
+    there is none, as torch gives), stored in ``out``'s dtype. ``KEEP_COUNT``: that count also
+    goes to ``count_ptr`` (fp32) for the backward. In a fixed order: the same sum every run."""
+    total = tl.zeros([BLOCK], tl.float32)
+    valid = tl.zeros([BLOCK], tl.int32)
+    for start in range(0, n_rows, BLOCK):
+        rows = start + tl.arange(0, BLOCK)
+        mask = rows < n_rows
+        total += tl.load(loss_ptr + rows, mask=mask, other=0.0).to(tl.float32)
+        if MEAN:
+            target = tl.load(target_ptr + rows.to(tl.int64) * target_stride, mask=mask,
+                             other=ignore_index)
+            valid += tl.where(mask & (target != ignore_index), 1, 0)
+    result = tl.sum(total, axis=0)
+    if MEAN:
+        count = tl.sum(valid, axis=0).to(tl.float32)
+        # No targets: NaN (0 / 0, as torch gives), without dividing by 0.
+        result = tl.where(count > 0, result / tl.maximum(count, 1.0), float("nan"))
+        if KEEP_COUNT:
+            tl.store(count_ptr, count)
+    tl.store(out_ptr, result.to(out_ptr.dtype.element_ty))
 
 
 # --------------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from .plans import (
     launch_block_forward,
     launch_block_grad,
     reduce_losses,
+    reduce_plan,
     refuse_double_backward,
     rescale_factor,
 )
@@ -121,8 +122,9 @@ def new_grads(x, weight, bias, need):
         grad_w = torch.empty_like(weight, memory_format=torch.contiguous_format)
     else:
         grad_w = torch.zeros_like(weight, memory_format=torch.contiguous_format)
+    # The placeholder in the dtype _finish_grads returns: no cast of it every call.
     grad_b = (x.new_zeros(weight.shape[0], dtype=torch.float32) if need_b
-              else x.new_empty(0, dtype=torch.float32))
+              else (bias if bias is not None else x).new_empty(0))
     return grad_x, grad_w, grad_b
 
 
@@ -396,21 +398,32 @@ def one_chunk_forward(x, weight, target, bias, ignore_index, reduction, smoothin
         compute_grad = need[0] or need[1] or need[2]
     else:
         compute_grad = False
-    count = count_valid(target, ignore_index) if reduction == "mean" else None
+    # A mean's gradient is divided by the count of targets in the block kernel: counted first.
+    counted = count_valid(target, ignore_index) if compute_grad and reduction == "mean" \
+        else None
     # As the chunk loop makes and reads them (see _linear_cross_entropy_chunks).
     logits = F.linear(x, weight, bias)
     plan = plans.get(compute_grad)
-    counted = count if compute_grad else None
     if plan is None:
         plan = plans[compute_grad] = block_forward_plan_for(
             logits, target, loss_rows, lse, 0, weight.shape[0], ignore_index, smoothing, True,
             True, compute_grad, counted)[0]
+    if in_forward:  # a mean or a sum: one kernel reduces the rows (and counts a mean's)
+        loss = x.new_empty((), dtype=torch.float32)
+        reduce = plans.get("reduce")
+        if reduce is None:
+            reduce = plans["reduce"] = reduce_plan(
+                n_rows, (torch.float32, target.dtype, torch.float32, torch.float32),
+                target.stride(0), ignore_index, reduction == "mean", False)
+    else:
+        loss = loss_rows
     with runtime.device_guard(logits):
         plan.launch_eager(logits, target, lse if counted is None else counted, loss_rows, lse)
+        if in_forward:
+            reduce.launch_eager(loss_rows, target, loss, loss)
     if compute_grad:
         _add_products(logits, x, weight, grads, (0, n_rows), None, True, True)
     del logits
-    loss = reduce_losses(loss_rows, target, ignore_index, reduction, count=count)
     if need is None:
         return loss
     return (loss, lse, *_finish_grads(grads, x, bias))

@@ -20,6 +20,7 @@ from .plans import (
     launch_backward,
     launch_forward,
     reduce_losses,
+    reduce_plan,
     refuse_double_backward,
 )
 from .tuning import TUNING
@@ -150,19 +151,21 @@ def _cross_entropy_setup_context(ctx, inputs, output):
     x, target, ignore_index, reduction, label_smoothing, _, compute_grad = inputs
     loss, lse, grad = output
     eager = getattr(ctx, "eager", False)
-    planned = None
+    planned = count = None
     if eager and x.shape[0] and reduction != "none":
-        planned = _eager_backward_plan(x, target, lse, grad, loss, ignore_index,
-                                       label_smoothing, compute_grad)
+        count = counted(loss) if reduction == "mean" and not compute_grad else None
+        if compute_grad or reduction == "sum" or count is not None:
+            planned = _eager_backward_plan(x, target, lse, grad, loss, ignore_index,
+                                           label_smoothing, compute_grad, count)
     _save_for_backward(ctx, x, target, lse, grad, loss, ignore_index, reduction,
-                       label_smoothing, compute_grad, eager, planned,
-                       counted(loss) if planned is not None and reduction == "mean" else None)
+                       label_smoothing, compute_grad, eager, planned, count)
 
 
 def _save_for_backward(ctx, x, target, lse, grad, loss, ignore_index, reduction,
                        label_smoothing, compute_grad, eager, planned, count):
     """What the backward reads, on ``ctx``: ``planned`` is the eager backward's plan (None:
-    not an eager call, or no plan for its reduction), ``count`` a mean's count of targets."""
+    not an eager call, or no plan for its reduction) for a 0-d incoming gradient of
+    ``ctx.scale_dtype``, ``count`` a mean's count of targets."""
     if compute_grad and eager:
         # ``grad`` stays differentiable (see :func:`refuse_double_backward`).
         ctx.mark_non_differentiable(lse)
@@ -171,78 +174,103 @@ def _save_for_backward(ctx, x, target, lse, grad, loss, ignore_index, reduction,
     ctx.set_materialize_grads(False)  # no zeros built for the outputs nobody differentiates
     ctx.loss_args = (ignore_index, reduction, label_smoothing)
     ctx.from_grad = compute_grad
+    ctx.backward_plan = planned
+    ctx.scale_dtype = loss.dtype
     if compute_grad:
         # The gradient, not the logits: the caller's logits may be freed after the forward.
         ctx.save_for_backward(grad, target)
         ctx.applied = [None]  # see applied_scale
-        if planned is not None:
-            ctx.scale_dtype = loss.dtype
-            ctx.backward_plan = planned
         return
     # The logits themselves: saving a tensor that exists costs no memory.
     ctx.save_for_backward(x, target, lse)
-    if planned is not None:
-        ctx.backward_plan = planned
-        # A mean's count of targets, from the forward: not counted again in the backward.
-        ctx.count = count
+    # A mean's count of targets, from the forward: not counted again in the backward.
+    ctx.count = count
 
 
 def _eager_backward_plan(x, target, lse, grad, loss, ignore_index, label_smoothing,
-                         compute_grad):
+                         compute_grad, count=None):
     """The first eager backward's plan for a mean or a sum, found on the calling thread: the
-    backward then only allocates and launches. From the forward's gradient: one incoming
-    gradient, 0-d, of the loss's dtype, applied in place; recomputed: one scale for every row, a
-    0-d tensor, dx contiguous."""
+    backward then only allocates and launches. Either way for one incoming gradient, 0-d, of
+    the loss's dtype, read by the kernel as it is. From the forward's gradient: applied in
+    place; recomputed: dx contiguous, a mean's scale divided by ``count`` in the kernel."""
     n_rows, n_cols = x.shape
     if compute_grad:
         return backward_plan(
-            n_rows, n_cols, (grad.dtype, target.dtype, grad.dtype, loss.dtype, grad.dtype),
+            n_rows, n_cols,
+            (grad.dtype, target.dtype, grad.dtype, loss.dtype, loss.dtype, grad.dtype),
             grad.stride(), target.stride(0), grad.stride(0), 0, n_cols, ignore_index, 0.0,
-            True, False, True, TUNING)
+            True, False, True, False, TUNING)
     return backward_plan(
-        n_rows, n_cols, (x.dtype, target.dtype, lse.dtype, torch.float32, x.dtype),
+        n_rows, n_cols,
+        (x.dtype, target.dtype, lse.dtype, loss.dtype,
+         loss.dtype if count is None else count.dtype, x.dtype),
         x.stride(), target.stride(0), 1, 0, n_cols, ignore_index, label_smoothing,
-        False, False, False, TUNING)
+        False, False, False, count is not None, TUNING)
 
 
 def _cross_entropy_forward_planned(ctx, x, target, ready):
     """The eager autograd forward of a kept signature (the public function's ``RECORD`` path,
     (N, C) logits): :func:`cross_entropy_forward` and :func:`_cross_entropy_setup_context` with
     the plans kept for it, found at the first such call. ``ready``: ``(ignore_index,
-    label_smoothing, reduction, out_dtype, compute_grad, [(forward plan, backward plan)])``."""
+    label_smoothing, reduction, out_dtype, compute_grad, [(forward plan, reduction's plan,
+    backward plan)])``. Without the gradient in the forward, a mean or a sum is reduced by one
+    kernel (which also keeps a mean's count for the backward): no small torch ops."""
     ignore_index, smoothing, reduction, out_dtype, compute_grad, record = ready
-    loss_rows, lse, count, grad = _forward_outputs(x, target, ignore_index, reduction,
-                                                   compute_grad)
-    if record:
-        plan, planned = record[0]
-        tensors = ((x, target, lse if count is None else count, loss_rows, lse, grad)
-                   if compute_grad else (x, target, lse, loss_rows, lse, lse))
+    if compute_grad:
+        return _forward_planned_with_grad(ctx, x, target, ready)
+    n_rows = x.shape[0]
+    lse = x.new_empty(n_rows, dtype=torch.float32)
+    if reduction == "none":
+        loss = loss_rows = x.new_empty(n_rows, dtype=out_dtype)
+        grad = x.new_empty(0)
+        count = None
     else:
-        plan, tensors = forward_plan_for(x, target, loss_rows, lse, ignore_index, smoothing,
-                                         grad if compute_grad else None,
-                                         count if compute_grad else None)
+        # The gradient output is never read (compute_grad off): the loss rows stand in for it.
+        loss_rows = grad = x.new_empty(n_rows, dtype=torch.float32)
+        loss = x.new_empty((), dtype=out_dtype)
+        count = x.new_empty((), dtype=torch.float32) if reduction == "mean" else None
+    if record:
+        plan, reduce, planned = record[0]
+    else:
+        plan = forward_plan_for(x, target, loss_rows, lse, ignore_index, smoothing)[0]
+        reduce = planned = None
+        if reduction != "none":
+            reduce = reduce_plan(n_rows, (torch.float32, target.dtype, out_dtype, torch.float32),
+                                 target.stride(0), ignore_index, reduction == "mean", True)
+            planned = _eager_backward_plan(x, target, lse, grad, loss, ignore_index, smoothing,
+                                           False, count)
+        record.append((plan, reduce, planned))
+    with runtime.device_guard(x):
+        plan.launch_eager(x, target, lse, loss_rows, lse, lse)
+        if reduce is not None:
+            reduce.launch_eager(loss_rows, target, loss, loss if count is None else count)
+    _save_for_backward(ctx, x, target, lse, grad, loss, ignore_index, reduction, smoothing,
+                       False, True, planned, count)
+    return loss, lse, grad
+
+
+def _forward_planned_with_grad(ctx, x, target, ready):
+    """:func:`_cross_entropy_forward_planned` where the forward makes the gradient (a mean
+    divides it by the count of targets, so that is counted first)."""
+    ignore_index, smoothing, reduction, out_dtype, _, record = ready
+    loss_rows, lse, count, grad = _forward_outputs(x, target, ignore_index, reduction, True)
+    tensors = (x, target, lse if count is None else count, loss_rows, lse, grad)
+    if record:
+        plan, _, planned = record[0]
+    else:
+        plan = forward_plan_for(x, target, loss_rows, lse, ignore_index, smoothing, grad,
+                                count)[0]
     with runtime.device_guard(x):
         plan.launch_eager(*tensors)
     loss = reduce_losses(loss_rows, target, ignore_index, reduction, out_dtype, count,
                          keep_count=False)
     if not record:
         planned = None if reduction == "none" else _eager_backward_plan(
-            x, target, lse, grad, loss, ignore_index, smoothing, compute_grad)
-        record.append((plan, planned))
+            x, target, lse, grad, loss, ignore_index, smoothing, True)
+        record.append((plan, None, planned))
     _save_for_backward(ctx, x, target, lse, grad, loss, ignore_index, reduction, smoothing,
-                       compute_grad, True, planned, count)
+                       True, True, planned, count)
     return loss, lse, grad
-
-
-def _cross_entropy_backward_planned(plan, grad_loss, x, target, lse, ignore_index, reduction,
-                                    count=None):
-    dx = torch.empty_like(x, memory_format=torch.contiguous_format)
-    if count is not None:
-        scale = grad_loss.float() / count
-    else:
-        scale = grad_scale(grad_loss, target, ignore_index, reduction)
-    plan.launch_eager(x, target, lse, scale, dx)
-    return dx
 
 
 def _backward_from_grad(ctx, grad_loss):
@@ -253,12 +281,12 @@ def _backward_from_grad(ctx, grad_loss):
     ignore_index = ctx.loss_args[0]
     if ctx.applied[0] is None and runtime.eager_backward():
         if grad.shape[0]:
-            plan = getattr(ctx, "backward_plan", None)
+            plan = ctx.backward_plan
             if plan is None or grad_loss.dtype is not ctx.scale_dtype or grad_loss.dim():
                 plan = backward_plan_for(grad, target, grad, grad_loss, grad, ignore_index, 0.0,
                                          from_grad=True)
             # Autograd runs a CUDA backward on its device thread, already on grad's device.
-            plan.launch_eager(grad, target, grad, grad_loss, grad)
+            plan.launch_eager(grad, target, grad, grad_loss, grad_loss, grad)
         ctx.applied[0] = (grad_loss, grad_loss._version)
         return grad.detach()
     return cross_entropy_scale_grad(grad_loss, grad, target,
@@ -272,11 +300,14 @@ def _cross_entropy_backward_autograd(ctx, grad_loss, _grad_lse, grad_of_grad):
     if ctx.from_grad:
         return _backward_from_grad(ctx, grad_loss), None, None, None, None, None, None
     x, target, lse = ctx.saved_tensors
-    plan = getattr(ctx, "backward_plan", None)
-    if plan is not None and runtime.eager_backward():
-        # Autograd runs a CUDA backward on its device thread, already on x's device.
-        dx = _cross_entropy_backward_planned(plan, grad_loss, x, target, lse,
-                                             *ctx.loss_args[:2], getattr(ctx, "count", None))
+    plan = ctx.backward_plan
+    if (plan is not None and grad_loss.dtype is ctx.scale_dtype and not grad_loss.dim()
+            and runtime.eager_backward()):
+        # The kept plan: the incoming gradient as it is (a mean's count divides it in the
+        # kernel). Autograd runs a CUDA backward on its device thread, already on x's device.
+        dx = torch.empty_like(x, memory_format=torch.contiguous_format)
+        count = ctx.count
+        plan.launch_eager(x, target, lse, grad_loss, grad_loss if count is None else count, dx)
     else:
         dx = cross_entropy_backward(grad_loss, x, target, lse, *ctx.loss_args)
     return dx, None, None, None, None, None, None

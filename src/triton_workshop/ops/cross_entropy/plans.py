@@ -19,6 +19,7 @@ from ...runtime import LaunchPlan, chunk_tile, plan_cache
 from .kernels import (
     cross_entropy_bwd_kernel,
     cross_entropy_fwd_kernel,
+    cross_entropy_reduce_kernel,
     linear_ce_block_fwd_kernel,
     linear_ce_block_grad_kernel,
 )
@@ -35,33 +36,33 @@ def _stride0(t: torch.Tensor) -> int:
 
 @plan_cache()
 def forward_plan(n_rows, n_cols, dtypes, x_strides, target_stride, grad_row_stride,
-                 ignore_index, smoothing, compute_grad, mean,
+                 ignore_index, smoothing, compute_grad, mean, store_lse,
                  tuning: CrossEntropyTuning) -> LaunchPlan:
     """The loss of each row (and, with ``compute_grad``, its gradient, divided by the count of
-    targets for a ``mean``). Cached: the same few shapes come back every step. ``dtypes``: of
-    the launch's tensors, part of the key because a plan keeps its compiled launch (the kernel
-    is compiled per dtype)."""
+    targets for a ``mean``; with ``store_lse`` its logsumexp). Cached: the same few shapes come
+    back every step. ``dtypes``: of the launch's tensors, part of the key because a plan keeps
+    its compiled launch (the kernel is compiled per dtype)."""
     tile = chunk_tile(n_cols, tuning.chunk_cols)
     return LaunchPlan(
         cross_entropy_fwd_kernel, (n_rows,),
         (n_cols, *x_strides, target_stride, grad_row_stride, ignore_index, smoothing),
         dict(SMOOTHING=smoothing > 0, COMPUTE_GRAD=compute_grad, MEAN=compute_grad and mean,
-             UNIT_COLS=x_strides[1] == 1, BLOCK_N=tile.block_cols, num_warps=tile.num_warps))
+             STORE_LSE=store_lse, UNIT_COLS=x_strides[1] == 1, BLOCK_N=tile.block_cols, num_warps=tile.num_warps))
 
 
 @plan_cache()
 def backward_plan(n_rows, n_cols, dtypes, x_strides, target_stride, lse_stride, scale_stride,
-                  dx_row_stride, ignore_index, smoothing, from_grad, applied, in_place,
+                  dx_row_stride, ignore_index, smoothing, from_grad, applied, in_place, mean,
                   tuning: CrossEntropyTuning) -> LaunchPlan:
     """The scaled gradient of each row: from its saved ``lse``, or (``from_grad``) from the
     gradient the forward stored, ``in_place`` or not, knowing the scale it holds (``applied``)
-    or not."""
+    or not; for a ``mean`` the scale divided by a count of targets the launch is given."""
     tile = chunk_tile(n_cols, tuning.chunk_cols)
     return LaunchPlan(
         cross_entropy_bwd_kernel, (n_rows,),
         (n_cols, *x_strides, target_stride, lse_stride, scale_stride, dx_row_stride,
          ignore_index, smoothing),
-        dict(FROM_GRAD=from_grad, APPLIED=applied, IN_PLACE=in_place,
+        dict(FROM_GRAD=from_grad, APPLIED=applied, IN_PLACE=in_place, MEAN=mean,
              UNIT_COLS=x_strides[1] == 1, BLOCK_N=tile.block_cols, num_warps=tile.num_warps))
 
 
@@ -83,18 +84,19 @@ def forward_plan_for(x, target, loss_rows, lse, ignore_index, smoothing, grad=No
                grad if compute_grad else lse)
     plan = forward_plan(x.shape[0], x.shape[1], tuple([t.dtype for t in tensors]), x.stride(),
                         target.stride(0), grad.stride(0) if compute_grad else 0, ignore_index,
-                        smoothing, compute_grad, count is not None, TUNING)
+                        smoothing, compute_grad, count is not None, True, TUNING)
     return plan, tensors
 
 
 def backward_plan_for(x, target, lse, scale, dx, ignore_index, smoothing, from_grad=False,
                       applied=False) -> LaunchPlan:
-    """The plan of :func:`launch_backward`'s launch (``dx`` contiguous rows)."""
-    tensors = (x, target, lse, scale, dx)
+    """The plan of :func:`launch_backward`'s launch (``dx`` contiguous rows; ``scale`` stands
+    in for the count, never read)."""
+    tensors = (x, target, lse, scale, scale, dx)
     return backward_plan(x.shape[0], x.shape[1], tuple([t.dtype for t in tensors]), x.stride(),
                          target.stride(0), _stride0(lse), _stride0(scale), dx.stride(0),
                          ignore_index, smoothing, from_grad, applied,
-                         from_grad and dx is x, TUNING)
+                         from_grad and dx is x, False, TUNING)
 
 
 def launch_backward(x, target, lse, scale, dx, ignore_index, smoothing, from_grad=False,
@@ -104,7 +106,7 @@ def launch_backward(x, target, lse, scale, dx, ignore_index, smoothing, from_gra
     then being the scale it holds where ``applied`` (see the kernel)."""
     plan = backward_plan_for(x, target, lse, scale, dx, ignore_index, smoothing, from_grad, applied)
     with runtime.device_guard(x):
-        plan.launch(x, target, lse, scale, dx)
+        plan.launch(x, target, lse, scale, scale, dx)
 
 
 # --------------------------------------------------------------------------------------------
@@ -177,6 +179,16 @@ def launch_block_grad(logits, target, lse, col_start, n_classes, ignore_index, s
                            n_classes, ignore_index, smoothing, scale_by, TUNING)
     with runtime.device_guard(logits):
         plan.launch(*tensors)
+
+
+@plan_cache()
+def reduce_plan(n_rows, dtypes, target_stride, ignore_index, mean, keep_count) -> LaunchPlan:
+    """cross_entropy_reduce_kernel: the sum (or a ``mean``) of ``n_rows`` per-row losses, in one
+    program; ``dtypes``: of its four tensors (the loss rows, the targets, the loss, the count)."""
+    block = min(4096, max(16, 1 << (n_rows - 1).bit_length()))
+    return LaunchPlan(cross_entropy_reduce_kernel, (1,), (n_rows, target_stride, ignore_index),
+                      dict(MEAN=mean, KEEP_COUNT=mean and keep_count, BLOCK=block,
+                           num_warps=4 if block <= 1024 else 8))
 
 
 def count_valid(target: torch.Tensor, ignore_index: int) -> torch.Tensor:

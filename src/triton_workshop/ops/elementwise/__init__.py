@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from ... import runtime
-from ...runtime import FLOAT_DTYPES, LaunchPlan, plan_cache, register_op
+from ...runtime import FLOAT_DTYPES, RECORD, LaunchPlan, plan_cache, register_op
 from .._common import UNKEYABLE, SignatureCache
 from .kernels import add_kernel, mul_add_sqrt_kernel
 
@@ -122,12 +122,23 @@ def _add_backward(ctx, grad):
     return grad, grad
 
 
-def _add_forward_planned(ctx, x, y, plan):
-    """The eager autograd forward of a kept signature (:func:`_run_ready`'s ``RECORD`` path):
-    :func:`_add` with its plan kept."""
-    out = torch.empty_like(x, memory_format=torch.contiguous_format)
-    with runtime.device_guard(x):
-        plan.launch_eager(x, y, out)
+#: What :func:`runtime.device_guard` gives for a tensor on the current device (a CPU tensor is
+#: one): the context that switches nothing, not entered (entering it costs two calls).
+_SAME_DEVICE = runtime.device_guard(torch.empty(0))
+
+
+def _add_forward_planned(ctx, x, y, ready):
+    """The eager autograd forward of a kept signature (:func:`add`'s ``RECORD`` path; with
+    ``ctx`` None its plain launch): :func:`_add` with its plan kept. ``ready`` is ``(plan,
+    whether empty_like(x) is laid out as the output)``."""
+    out = (torch.empty_like(x) if ready[1]
+           else torch.empty_like(x, memory_format=torch.contiguous_format))
+    guard = runtime.device_guard(x)
+    if guard is _SAME_DEVICE:
+        ready[0].launch_eager(x, y, out)
+    else:
+        with guard:
+            ready[0].launch_eager(x, y, out)
     return out
 
 
@@ -146,22 +157,31 @@ def _mul_add_sqrt_setup(ctx, inputs, output):
 
 def _mul_add_sqrt_backward(ctx, grad):
     a, b, out = ctx.saved_tensors
-    # d sqrt(u) = du / (2 sqrt(u)), u = a*b + c
-    g = grad / (2 * out)
+    # d sqrt(u) = du / (2 sqrt(u)), u = a*b + c. out + out is 2 * out, exactly (as is any
+    # doubling, overflow to inf included), without the Python scalar torch wraps at each call.
+    g = grad / (out + out)
     return g * b, g * a, g
 
 
-def _mul_add_sqrt_forward_planned(ctx, a, b, c, plan):
+def _mul_add_sqrt_forward_planned(ctx, a, b, c, ready):
     """As :func:`_add_forward_planned`, for :func:`_fused_mul_add_sqrt` and its setup."""
-    out = torch.empty_like(a, memory_format=torch.contiguous_format)
-    with runtime.device_guard(a):
-        plan.launch_eager(a, b, c, out)
-    ctx.save_for_backward(a, b, out)
+    out = (torch.empty_like(a) if ready[1]
+           else torch.empty_like(a, memory_format=torch.contiguous_format))
+    guard = runtime.device_guard(a)
+    if guard is _SAME_DEVICE:
+        ready[0].launch_eager(a, b, c, out)
+    else:
+        with guard:
+            ready[0].launch_eager(a, b, c, out)
+    if ctx is not None:
+        ctx.save_for_backward(a, b, out)
     return out
 
 
 def _mul_add_sqrt_backward_planned(ctx, grad):
-    return (*_mul_add_sqrt_backward(ctx, grad), None)  # None: the plan's
+    a, b, out = ctx.saved_tensors
+    g = grad / (out + out)  # as _mul_add_sqrt_backward's
+    return g * b, g * a, g, None  # None: the plan's
 
 
 _fused_mul_add_sqrt.register_autograd(_mul_add_sqrt_backward, setup_context=_mul_add_sqrt_setup)
@@ -169,59 +189,60 @@ _fused_mul_add_sqrt.register_planned_forward(_mul_add_sqrt_forward_planned,
                                              _mul_add_sqrt_backward_planned)
 
 
-def _ready_key(kernel, tensors: tuple):
-    """An eager call's layouts, as :func:`_call_key` has them, and the kernel."""
-    return (kernel, *[(t.shape, t.stride(), t.dtype, t.device, t.layout) for t in tensors])
-
-
-#: Eager calls' :func:`_ready_key` -> the plan that launches their operands as they are.
+#: Eager calls' kernel and layouts (each operand's shape, strides, dtype, device and layout)
+#: -> ``(the plan that launches the operands as they are, whether empty_like of the first
+#: operand is laid out as the output: its strides are the contiguous ones)``.
 _READY = SignatureCache()
 
 
-def _run_ready(op, kernel, tensors: tuple):
-    """``(path, output)``: an eager call of layouts seen before, launched straight away (output
-    None: not such a call; ``path`` from :meth:`runtime.RegisteredOp.eager_path`)."""
-    path = op.eager_path(*tensors)
-    if path:
-        try:
-            plan = _READY.under(TUNING).get(_ready_key(kernel, tensors))
-        except UNKEYABLE:
-            plan = None
-        if plan is not None:
-            if path == runtime.RECORD:
-                return path, op.record_planned(*tensors, plan)
-            first = tensors[0]
-            out = torch.empty_like(first, memory_format=torch.contiguous_format)
-            with runtime.device_guard(first):
-                plan.launch_eager(*tensors, out)
-            return path, out
-    return path, None
-
-
-def _keep_ready(path, kernel, given: tuple, launched: tuple, out: torch.Tensor) -> None:
+def _keep_ready(path, key, given: tuple, launched: tuple, out: torch.Tensor) -> None:
     """Keep the plan of a call whose operands went to the kernel as they were given."""
-    if path and out.numel() and all(a is b for a, b in zip(given, launched)):
-        _READY.under(TUNING).remember(_ready_key(kernel, given),
-                                      _find_plan(kernel, out.numel(), out.dtype))
+    if path and key is not None and out.numel() and all(a is b for a, b in zip(given, launched)):
+        _READY.under(TUNING).remember(
+            key, (_find_plan(key[0], out.numel(), out.dtype), given[0].stride() == out.stride()))
 
 
+# add and fused_mul_add_sqrt each spell their kept path out inline: a shared helper costs a
+# frame, half a microsecond of the few the eager call is allowed over torch's.
 def add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """``x + y`` (broadcast and promoted like ``torch.add``) in one Triton kernel."""
-    path, out = _run_ready(_add, add_kernel, (x, y))
-    if out is not None:
-        return out
+    path = _add.eager_path(x, y)
+    key = None
+    if path:  # an eager call of layouts seen before: straight to the launch
+        try:
+            key = (add_kernel, x.shape, x.stride(), x.dtype, x.device, x.layout,
+                   y.shape, y.stride(), y.dtype, y.device, y.layout)
+            # _READY.under(TUNING) inline: kept under another tuning, nothing is found.
+            ready = _READY.get(key) if _READY.tuning is TUNING else None
+        except UNKEYABLE:
+            key = ready = None
+        if ready is not None:
+            if path == RECORD:
+                return _add.record_planned(x, y, ready)
+            return _add_forward_planned(None, x, y, ready)
     launched = _prepare(x=x, y=y)
     out = _add(*launched)
-    _keep_ready(path, add_kernel, (x, y), launched, out)
+    _keep_ready(path, key, (x, y), launched, out)
     return out
 
 
 def fused_mul_add_sqrt(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     """``torch.sqrt(a * b + c)`` in one pass over memory (fp32 arithmetic inside)."""
-    path, out = _run_ready(_fused_mul_add_sqrt, mul_add_sqrt_kernel, (a, b, c))
-    if out is not None:
-        return out
+    path = _fused_mul_add_sqrt.eager_path(a, b, c)
+    key = None
+    if path:  # as add's
+        try:
+            key = (mul_add_sqrt_kernel, a.shape, a.stride(), a.dtype, a.device, a.layout,
+                   b.shape, b.stride(), b.dtype, b.device, b.layout,
+                   c.shape, c.stride(), c.dtype, c.device, c.layout)
+            ready = _READY.get(key) if _READY.tuning is TUNING else None
+        except UNKEYABLE:
+            key = ready = None
+        if ready is not None:
+            if path == RECORD:
+                return _fused_mul_add_sqrt.record_planned(a, b, c, ready)
+            return _mul_add_sqrt_forward_planned(None, a, b, c, ready)
     launched = _prepare(a=a, b=b, c=c)
     out = _fused_mul_add_sqrt(*launched)
-    _keep_ready(path, mul_add_sqrt_kernel, (a, b, c), launched, out)
+    _keep_ready(path, key, (a, b, c), launched, out)
     return out

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from ... import runtime
-from ...runtime import FLOAT_DTYPES, LaunchPlan, plan_cache, register_op
+from ...runtime import FLOAT_DTYPES, RECORD, LaunchPlan, plan_cache, register_op
 from .._common import UNKEYABLE, SignatureCache, layout_key
 from .kernels import GELU, GELU_TANH, SILU, glu_bwd_kernel, glu_fwd_kernel
 
@@ -205,16 +205,27 @@ def _planned_backward(gate, up, output, activation: str):
 
 
 def _glu_forward_planned(ctx, gate, up, ready):
-    """The eager autograd forward of a kept signature (:func:`_glu`'s ``RECORD`` path):
-    :func:`glu_forward` and :func:`_glu_setup_context` with the plans kept for it."""
-    activation, plan, out_dtype, backward_plan = ready
-    out = torch.empty_like(gate, dtype=out_dtype, memory_format=torch.contiguous_format)
-    with runtime.device_guard(gate):
-        plan.launch_eager(gate, up, out)
-    ctx.save_for_backward(gate, up)
-    ctx.activation = activation
-    ctx.backward_plan = backward_plan
+    """The eager autograd forward of a kept signature (:func:`_glu`'s ``RECORD`` path; with
+    ``ctx`` None its plain launch): :func:`glu_forward` and :func:`_glu_setup_context` with the
+    plans kept for it. The backward (:func:`_glu_backward_kept`) reads its plan from
+    ``ctx.ready``."""
+    out = (torch.empty_like(gate) if ready[4] else
+           torch.empty_like(gate, dtype=ready[2], memory_format=torch.contiguous_format))
+    guard = runtime.device_guard(gate)
+    if guard is _SAME_DEVICE:
+        ready[1].launch_eager(gate, up, out)
+    else:
+        with guard:
+            ready[1].launch_eager(gate, up, out)
+    if ctx is not None:
+        ctx.save_for_backward(gate, up)
+        ctx.ready = ready
     return out
+
+
+#: What :func:`runtime.device_guard` gives for a tensor on the current device (a CPU tensor is
+#: one): the context that switches nothing, not entered (entering it costs two calls).
+_SAME_DEVICE = runtime.device_guard(torch.empty(0))
 
 
 def _glu_backward_planned(plan, dout, gate, up):
@@ -228,8 +239,9 @@ def _glu_backward_planned(plan, dout, gate, up):
 def _glu_backward_autograd(ctx, dout):
     gate, up = ctx.saved_tensors
     planned = getattr(ctx, "backward_plan", None)
-    if (planned is not None and dout.dtype == planned[1] and dout.is_contiguous()
-            and runtime.eager_backward()):
+    # Autograd hands a backward the gradient of the output's dtype (planned[1]; its engine casts
+    # one of another dtype first) and device.
+    if planned is not None and dout.is_contiguous() and runtime.eager_backward():
         dgate, dup = _glu_backward_planned(planned[0], dout, gate, up)
     else:
         dgate, dup = glu_backward(dout, gate, up, ctx.activation)
@@ -237,8 +249,22 @@ def _glu_backward_autograd(ctx, dout):
     return dgate if need_gate else None, dup if need_up else None, None
 
 
+def _glu_backward_kept(ctx, dout):
+    """:func:`_glu_backward_autograd` after :func:`_glu_forward_planned`, whose plans are kept
+    (``ctx.ready``): the launch of :func:`_glu_backward_planned` inline."""
+    gate, up = ctx.saved_tensors
+    planned = ctx.ready[3]
+    if planned is not None and dout.is_contiguous() and runtime.eager_backward():
+        dgate, dup = torch.empty_like(gate), torch.empty_like(up)
+        planned[0].launch_eager(dout, gate, up, dgate, dup)
+    else:
+        dgate, dup = glu_backward(dout, gate, up, ctx.ready[0])
+    # Both gradients, computed anyway: autograd drops the one of an input that needs none.
+    return dgate, dup, None
+
+
 glu_forward.register_autograd(_glu_backward_autograd, setup_context=_glu_setup_context)
-glu_forward.register_planned_forward(_glu_forward_planned)
+glu_forward.register_planned_forward(_glu_forward_planned, _glu_backward_kept)
 
 
 # --------------------------------------------------------------------------------------------
@@ -269,15 +295,10 @@ def _check_args(gate, up) -> bool:
     return True
 
 
-def _ready_key(gate, up, approximate):
-    """An eager call's layouts (all the checks read, and the strides) and ``approximate``."""
-    return (gate.shape, gate.stride(), gate.dtype, gate.device, gate.layout, up.shape,
-            up.stride(), up.dtype, up.device, up.layout, approximate, type(approximate))
-
-
-#: Eager calls' :func:`_ready_key` -> ``(activation, the forward's plan, the output's dtype,
-#: the backward's (:func:`_planned_backward`))`` for operands that were checked and launch as
-#: they are.
+#: Eager calls' layouts (all the checks read, and the strides) and ``approximate`` (and its
+#: type) -> ``(activation, the forward's plan, the output's dtype, the backward's
+#: (:func:`_planned_backward`), whether empty_like(gate) makes the output: of its dtype, and
+#: gate's strides the contiguous ones)`` for operands that were checked and launch as they are.
 _READY = SignatureCache()
 
 
@@ -289,19 +310,19 @@ def _glu(gate, up, approximate) -> torch.Tensor:
     """Both functions: ``approximate`` :data:`_SILU` (this very object) for SiLU, else GELU's
     argument."""
     path = glu_forward.eager_path(gate, up)
+    key = None
     if path:  # an eager call of layouts seen before: straight to the launch
         try:
-            ready = _READY.under(TUNING).get(_ready_key(gate, up, approximate))
+            key = (gate.shape, gate.stride(), gate.dtype, gate.device, gate.layout, up.shape,
+                   up.stride(), up.dtype, up.device, up.layout, approximate, type(approximate))
+            # _READY.under(TUNING) inline: kept under another tuning, nothing is found.
+            ready = _READY.get(key) if _READY.tuning is TUNING else None
         except UNKEYABLE:
-            ready = None
+            key = ready = None
         if ready is not None:
-            if path == runtime.RECORD:
+            if path == RECORD:
                 return glu_forward.record_planned(gate, up, ready)
-            _, plan, out_dtype, _ = ready
-            out = torch.empty_like(gate, dtype=out_dtype, memory_format=torch.contiguous_format)
-            with runtime.device_guard(gate):
-                plan.launch_eager(gate, up, out)
-            return out
+            return _glu_forward_planned(None, gate, up, ready)
     _check(gate, up)
     if approximate is _SILU:
         activation = "silu"
@@ -312,12 +333,12 @@ def _glu(gate, up, approximate) -> torch.Tensor:
             raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
         activation = "gelu_tanh" if approximate == "tanh" else "gelu"
     out = glu_forward(gate, up, activation)
-    if path and out.numel():
+    if key is not None and out.numel():
         plan, reshape, out_dtype = _forward_launch(gate, up, ACTIVATIONS[activation])
         if not reshape:
             _READY.under(TUNING).remember(
-                _ready_key(gate, up, approximate),
-                (activation, plan, out_dtype, _planned_backward(gate, up, out, activation)))
+                key, (activation, plan, out_dtype, _planned_backward(gate, up, out, activation),
+                      out_dtype == gate.dtype and out.stride() == gate.stride()))
     return out
 
 

@@ -1,7 +1,8 @@
 """Matrix multiplication with the epilogue fused in: ``dropout(act(a @ b + bias))`` in one kernel.
 
 The matmul family's host code: the registered op with its autograd (the backward redraws the
-epilogue's dropout mask from its seed) and the public :func:`matmul` and :func:`linear`. The
+epilogue's dropout mask from its seed; its products, with no epilogue to fuse, are torch's GEMMs)
+and the public :func:`matmul` and :func:`linear`. The
 tuning object (:class:`MatmulTuning`, :data:`TUNING`) is in :mod:`.tuning`; the launcher other
 families call (:func:`launch_matmul`) in :mod:`.product`, with the operands' layout in
 :mod:`.operands` and Hopper's TMA path in :mod:`.tma`; dropout's backward in :mod:`.dropout`. The
@@ -122,6 +123,13 @@ def _matmul(
 
 # --------------------------------------------------------------------------------------------
 # Autograd.
+#
+# The backward's products go to torch's own GEMMs (torch.mm / addmm / matmul), not to our
+# kernel: they have no epilogue to fuse (dA = dZ Bᵀ, dB = Aᵀ dZ, and the recomputed
+# Z = A B + bias), cuBLAS runs them faster than our Triton GEMM (80-90% of it on an H100/H200),
+# and a C++ torch call on autograd's device thread costs less host time than a Triton launch
+# from Python. The same calls run on the CPU (interpreter mode) and under torch.compile (which
+# traces them), so the tests see the GPU's backward.
 # --------------------------------------------------------------------------------------------
 def _needs_preactivation(activation: str, slope: float) -> bool:
     # ReLU and leaky ReLU with slope >= 0 keep the sign of their input: out > 0 exactly when
@@ -145,7 +153,19 @@ def _matmul_setup_context(ctx, inputs, output):
                           seed if dropout_p > 0 else None)
 
 
-def _preactivation_grad(ctx, grad, a, b, bias, out, z_plan=None):
+def _preactivation(a, b, bias):
+    """``Z = a @ b + bias`` in a's dtype, by torch (see the section's note)."""
+    if a.dim() == 2 and b.dim() == 2:
+        if bias is None:
+            return torch.mm(a, b)
+        if bias.dtype is a.dtype:
+            return torch.addmm(bias, a, b)  # the bias in the GEMM's epilogue
+    # A batch, or a bias of another dtype: added in the promoted dtype, then rounded to a's.
+    z = torch.matmul(a, b)
+    return z if bias is None else z.add_(bias)
+
+
+def _preactivation_grad(ctx, grad, a, b, bias, out):
     activation, slope = ctx.activation, ctx.slope
     if activation == "none":
         return grad
@@ -153,13 +173,7 @@ def _preactivation_grad(ctx, grad, a, b, bias, out, z_plan=None):
         negative_side = grad * slope if activation == "leaky_relu" else 0.0
         return torch.where(out > 0, grad, negative_side)
     # Recompute Z = A @ B + bias instead of having saved it (docs/kernels/matmul.md, Autograd).
-    if z_plan is not None:
-        # The eager forward's plan for it (:func:`_backward_plans`): an allocation and a
-        # launch, where the registered op would find its plan again on autograd's device thread.
-        z = a.new_empty(grad.shape)  # 2-D, laid out as the forward's output
-        z_plan.launch_eager(a, b, z, bias if bias is not None else z, z)
-    else:
-        z = _matmul(a, b, bias, "none", 0.0)
+    z = _preactivation(a, b, bias)
     if activation == "gelu":
         return torch.ops.aten.gelu_backward(grad, z, approximate="tanh")
     return torch.where(z > 0, grad, grad * slope)
@@ -170,18 +184,11 @@ def _matmul_backward(ctx, grad):
     if ctx.dropout_p > 0:
         # The mask is redrawn from the seed, never stored (see dropout_scale_kernel).
         grad = matmul_dropout_backward(grad, seed, ctx.dropout_p)
-    planned = getattr(ctx, "backward_plans", None)
-    # Not under autocast: there the registered op casts the backward's operands.
-    if planned is not None and not (runtime.eager_backward() and not runtime.any_autocast()):
-        planned = None
-    grad_z = _preactivation_grad(ctx, grad, a, b, bias, out,
-                                 planned[3] if planned is not None else None)
-    if planned is not None and grad_z.dtype is a.dtype and grad_z.stride() == planned[0]:
-        grad_a, grad_b = _planned_products(ctx, planned, grad_z, a, b)
-    else:
-        grad_a, grad_b = _products(ctx, grad_z, a, b)
+    grad_z = _preactivation_grad(ctx, grad, a, b, bias, out)
+    needs = ctx.needs_input_grad
+    grad_a, grad_b = _products(grad_z, a, b, needs[0], needs[1])
     grad_bias = None
-    if bias is not None and ctx.needs_input_grad[2]:
+    if bias is not None and needs[2]:
         rows = 0 if grad_z.dim() == 2 else tuple(range(grad_z.dim() - 1))
         grad_bias = grad_z.sum(dim=rows, dtype=torch.float32)
         if bias.dtype is not torch.float32:
@@ -189,82 +196,63 @@ def _matmul_backward(ctx, grad):
     return grad_a, grad_b, grad_bias, None, None, None, None
 
 
-def _planned_products(ctx, planned, grad_z, a, b):
-    """The backward's products of a 2-D product with the plans its eager forward found
-    (:func:`_backward_plans`): only allocations and launches. Autograd runs a CUDA backward on
-    its device thread, already on the operands' device."""
-    _, plan_a, plan_b, _ = planned
+def _column_major(t) -> bool:
+    stride = t.stride()
+    return stride[0] == 1 and stride[1] != 1
+
+
+# Each gradient is laid out as its operand: for linear's b = weight.t() (column-major) dB is
+# computed as (dZᵀ A)ᵀ, the same GEMM with other transpose flags, so that the gradient autograd
+# hands the weight is row-major as the weight and is kept without a copy.
+def _grad_a(grad_z, a, b):
+    """dA = dZ Bᵀ (2-D), laid out as ``a``."""
+    return torch.mm(b, grad_z.t()).t() if _column_major(a) else torch.mm(grad_z, b.t())
+
+
+def _grad_b(grad_z, a, b):
+    """dB = Aᵀ dZ (2-D), laid out as ``b``."""
+    return torch.mm(grad_z.t(), a).t() if _column_major(b) else torch.mm(a.t(), grad_z)
+
+
+def _products(grad_z, a, b, need_a: bool, need_b: bool):
+    """dA = dZ Bᵀ and dB = Aᵀ dZ, each summed over the batch its operand was broadcast across."""
+    if a.dim() == 2 and b.dim() == 2:  # no batch to broadcast or sum over
+        return (_grad_a(grad_z, a, b) if need_a else None,
+                _grad_b(grad_z, a, b) if need_b else None)
     grad_a = grad_b = None
-    if ctx.needs_input_grad[0]:
-        if plan_a is None:
-            grad_a = _matmul(grad_z, b.t(), None, "none", 0.0)
-        else:
-            grad_a = grad_z.new_empty(a.shape)  # out of launch_matmul: bias and seed unused
-            plan_a.launch_eager(grad_z, b.t(), grad_a, grad_a, grad_a)
-    if ctx.needs_input_grad[1]:
-        if plan_b is None:
-            grad_b = _matmul(a.t(), grad_z, None, "none", 0.0)
-        else:
-            grad_b = grad_z.new_empty(b.shape)
-            plan_b.launch_eager(a.t(), grad_z, grad_b, grad_b, grad_b)
-    return grad_a, grad_b
-
-
-def _backward_plans(a, b, out, bias, recompute: bool):
-    """``(the incoming gradient's strides, dA's plan, dB's plan, the plan recomputing Z = A @ B
-    + bias or None)`` of a 2-D product's backward for the usual case of a gradient laid out like
-    ``out`` (contiguous, its dtype), a plan None where that product takes launch_matmul's
-    general path (copies, TMA). ``recompute``: the activation's gradient needs Z."""
-    grad_z = out  # a stand-in: the layout and dtype of the gradient (and of the recomputed Z)
-    return (out.stride(),
-            product_plan(grad_z, b.t(), out.new_empty(a.shape), None, "none", 0.0),
-            product_plan(a.t(), grad_z, out.new_empty(b.shape), None, "none", 0.0),
-            product_plan(a, b, out, bias, "none", 0.0) if recompute else None)
-
-
-def _products(ctx, grad_z, a, b):
-    """The backward's products through the registered op (any layout, any path)."""
-    grad_a = grad_b = None
-    # The op itself, not the public matmul: these operands are the forward's, already checked,
-    # and the checks would run again on autograd's device thread, where Python costs the most.
-    plain = a.dim() == 2 and b.dim() == 2  # no batch to broadcast or sum over
-    if ctx.needs_input_grad[0]:
-        grad_a = _matmul(grad_z, b.t() if plain else b.transpose(-1, -2), None, "none", 0.0)
-        if not plain:
+    if need_a:
+        grad_a = torch.matmul(grad_z, b.transpose(-1, -2))
+        if grad_a.shape != a.shape:
             grad_a = grad_a.sum_to_size(a.shape)
-    if ctx.needs_input_grad[1]:
-        if plain:
-            grad_b = _matmul(a.t(), grad_z, None, "none", 0.0)
-        elif b.dim() == 2 and a.dim() == 3:
+    if need_b:
+        if a.dim() == 3 and (b.dim() == 2 or b.shape[0] == 1):
             # b was shared by every batch: one (K, B*M) @ (B*M, N) product sums over the batch
-            # inside the fp32 accumulator instead of materialising B partial gradients.
+            # inside the GEMM's fp32 accumulator instead of materialising B partial gradients.
             # Explicit row counts: reshape(-1, 0) is ambiguous when K or N is 0.
-            K, N = b.shape
+            K, N = b.shape[-2:]
             rows = a.shape[0] * a.shape[1]
-            grad_b = _matmul(a.reshape(rows, K).t(), grad_z.reshape(rows, N), None, "none", 0.0)
+            grad_b = _grad_b(grad_z.reshape(rows, N), a.reshape(rows, K),
+                             b if b.dim() == 2 else b[0])
+            if b.dim() == 3:
+                grad_b = grad_b.unsqueeze(0)
         else:
-            grad_b = _matmul(a.transpose(-1, -2), grad_z, None, "none", 0.0).sum_to_size(b.shape)
+            grad_b = torch.matmul(a.transpose(-1, -2), grad_z)
+            if grad_b.shape != b.shape:
+                grad_b = grad_b.sum_to_size(b.shape)
     return grad_a, grad_b
 
 
 def _matmul_forward_planned(ctx, a, b, bias, ready, slope):
     """The eager autograd forward of a kept signature (:func:`_launch_ready`'s ``RECORD``
-    path): :func:`_matmul` and :func:`_matmul_setup_context` with the plans kept for it (a 2-D
-    product's backward plans found at the first such call)."""
-    activation, _, shape, plan, backward = ready
+    path): :func:`_matmul` and :func:`_matmul_setup_context` with the product's kept plan."""
+    activation, _, shape, plan, keep_output = ready
     out = a.new_empty(shape)
     with runtime.device_guard(a):  # bias and seed placeholders: out (never read)
         plan.launch_eager(a, b, out, bias if bias is not None else out, out)
     ctx.activation = activation
     ctx.slope = slope
     ctx.dropout_p = 0.0
-    keep_output = activation != "none" and not _needs_preactivation(activation, slope)
     ctx.save_for_backward(a, b, bias, out if keep_output else None, None)
-    if len(shape) == 2 and a.dim() == 2:
-        if not backward:
-            backward.append(_backward_plans(a, b, out, bias,
-                                            _needs_preactivation(activation, slope)))
-        ctx.backward_plans = backward[0]
     return out
 
 
@@ -368,13 +356,17 @@ def matmul(
 
 def _ready(a, b, out, bias, activation: str, slope: float):
     """What a repeated eager product of these operands' layouts needs (:func:`_launch_ready`):
-    ``(activation, slope, out's shape, the product's plan, its backward's plans, found at the
-    first call that records)``; False where the product takes launch_matmul's general path
-    (copies, TMA) or launches nothing (an empty result, K = 0)."""
+    ``(activation, slope, out's shape, the product's plan, whether the backward keeps the
+    output)`` (no plans for the backward: its products are torch's); False where the product
+    takes launch_matmul's general path (copies, TMA) or launches nothing (an empty result,
+    K = 0)."""
     if not out.numel() or not a.shape[-1]:
         return False
     plan = product_plan(a, b, out, bias, activation, slope)
-    return False if plan is None else (activation, slope, out.shape, plan, [])
+    if plan is None:
+        return False
+    keep_output = activation != "none" and not _needs_preactivation(activation, slope)
+    return activation, slope, out.shape, plan, keep_output
 
 
 def _launch_ready(path, ready, a, b, bias) -> torch.Tensor:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from ... import runtime
-from ...runtime import LaunchPlan, acc_dtype, chunk_tile, plan_cache, register_op, row_tile
+from ...runtime import RECORD, LaunchPlan, acc_dtype, chunk_tile, plan_cache, register_op, row_tile
 from .._common import (
     FLOAT_DTYPES_WITH_FP64,
     UNKEYABLE,
@@ -196,15 +196,23 @@ def _planned_backward(y: torch.Tensor, dim: int) -> LaunchPlan | None:
 
 def _softmax_forward_planned(ctx, x, ready):
     """The eager autograd forward of a kept signature (:func:`softmax`'s ``RECORD`` path):
-    :func:`softmax_forward` and :func:`_softmax_setup_context` with the plans kept for it."""
-    dim, plan, backward_plan = ready
-    y = _new_output(x)
-    with runtime.device_guard(x):
-        plan.launch_eager(x, y)
+    :func:`softmax_forward` and :func:`_softmax_setup_context` with the plans kept for it. The
+    backward (:func:`_softmax_backward_kept`) reads ``dim`` and its plan from ``ctx.ready``."""
+    y = torch.empty_like(x) if ready[3] else _new_output(x)
+    guard = runtime.device_guard(x)
+    if guard is _SAME_DEVICE:  # entering the no-op context costs two calls
+        ready[1].launch_eager(x, y)
+    else:
+        with guard:
+            ready[1].launch_eager(x, y)
     ctx.save_for_backward(y)
-    ctx.dim = dim
-    ctx.backward_plan = backward_plan
+    ctx.ready = ready
     return y
+
+
+#: What :func:`runtime.device_guard` gives for a tensor on the current device (a CPU tensor is
+#: one): the context that switches nothing.
+_SAME_DEVICE = runtime.device_guard(torch.empty(0))
 
 
 def _softmax_backward_planned(plan, grad_out: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -216,15 +224,27 @@ def _softmax_backward_planned(plan, grad_out: torch.Tensor, out: torch.Tensor) -
 def _softmax_backward_autograd(ctx, grad_out):
     (out,) = ctx.saved_tensors
     plan = getattr(ctx, "backward_plan", None)
-    if (plan is not None and grad_out.stride() == out.stride() and grad_out.dtype == out.dtype
-            and grad_out.device == out.device and runtime.eager_backward()):
-        # Autograd runs a CUDA backward on its device thread, already on out's device.
+    # Autograd hands a backward the gradient of out's dtype and device (its engine casts one of
+    # another dtype and refuses another device first); it runs a CUDA backward on its device
+    # thread, already on out's device.
+    if plan is not None and grad_out.stride() == out.stride() and runtime.eager_backward():
         return _softmax_backward_planned(plan, grad_out, out), None
     return softmax_backward(grad_out, out, ctx.dim), None
 
 
+def _softmax_backward_kept(ctx, grad_out):
+    """:func:`_softmax_backward_autograd` after :func:`_softmax_forward_planned`, whose plan is
+    there (``ctx.ready``): the launch of :func:`_softmax_backward_planned` inline."""
+    (out,) = ctx.saved_tensors
+    if grad_out.stride() == out.stride() and runtime.eager_backward():
+        dx = torch.empty_like(out)
+        ctx.ready[2].launch_eager(out, grad_out, dx)
+        return dx, None
+    return softmax_backward(grad_out, out, ctx.ready[0]), None
+
+
 softmax_forward.register_autograd(_softmax_backward_autograd, setup_context=_softmax_setup_context)
-softmax_forward.register_planned_forward(_softmax_forward_planned)
+softmax_forward.register_planned_forward(_softmax_forward_planned, _softmax_backward_kept)
 
 
 # --------------------------------------------------------------------------------------------
@@ -237,17 +257,22 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     any strides, differentiable (a Triton backward), and traceable by ``torch.compile``."""
     path = softmax_forward.eager_path(x)
     if path:  # an eager call of a layout seen before: straight to the launch
-        try:
-            ready = _READY.under(TUNING).get(
-                (x.shape, x.stride(), x.dtype, x.device, x.layout, dim, type(dim)))
+        try:  # _READY.under(TUNING) inline: kept under another tuning, nothing is found
+            ready = _READY.get((x.shape, x.stride(), x.dtype, x.device, x.layout, dim,
+                                type(dim))) if _READY.tuning is TUNING else None
         except UNKEYABLE:
             ready = None
         if ready is not None:
-            if path == runtime.RECORD:
+            if path == RECORD:
                 return softmax_forward.record_planned(x, ready)
-            y = _new_output(x)
-            with runtime.device_guard(x):
-                ready[1].launch_eager(x, y)  # (dim, plan, backward's plan)
+            # ready: (dim, plan, backward's plan, plain allocation)
+            y = torch.empty_like(x) if ready[3] else _new_output(x)
+            guard = runtime.device_guard(x)
+            if guard is _SAME_DEVICE:
+                ready[1].launch_eager(x, y)
+            else:
+                with guard:
+                    ready[1].launch_eager(x, y)
             return y
     checked_dim = _CALLS.checked(_call_key, _check_args, x, dim)
     if x.dim() == 0:  # one element, softmax 1 (NaN for -inf/NaN): the 1-element row of PyTorch
@@ -260,18 +285,21 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
 def _keep_ready(x, y, dim, checked_dim: int) -> None:
     """Keep the checked ``dim`` and the forward's plan for ``x``'s layout and the ``dim`` passed
-    (what :func:`softmax` looks up before its checks), where the plan launches ``x`` as it is."""
+    (what :func:`softmax` looks up before its checks), where the plan launches ``x`` as it is;
+    and whether ``empty_like(x)`` is laid out as the output (``x``'s strides are the contiguous
+    ones: it copies them), the cheaper allocation."""
     plan = _find_plan(x.shape, checked_dim, (x.stride(), y.stride()), x.dtype, False)
     if plan is not None:
         _READY.under(TUNING).remember(
             (x.shape, x.stride(), x.dtype, x.device, x.layout, dim, type(dim)),
-            (checked_dim, plan, _planned_backward(y, checked_dim)))
+            (checked_dim, plan, _planned_backward(y, checked_dim), x.stride() == y.stride()))
 
 
 #: softmax's checked call signatures -> ``dim``, made non-negative.
 _CALLS = SignatureCache()
 #: Eager calls' layouts (shape, strides, dtype, device, layout) and ``dim`` -> ``(dim made
-#: non-negative, the forward's plan, the backward's (:func:`_planned_backward`))``.
+#: non-negative, the forward's plan, the backward's (:func:`_planned_backward`), whether
+#: ``empty_like(x)`` makes the output)``.
 _READY = SignatureCache()
 
 
