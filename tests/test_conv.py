@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from triton_workshop import runtime
 from triton_workshop.ops import conv as conv_module
 from triton_workshop.ops import layout as layout_module
+from triton_workshop.ops.conv import checks as conv_checks
 from triton_workshop.ops.conv import kernels as conv_kernels
 from triton_workshop.ops.conv import (
     DEPTHWISE_CONFIGS,
@@ -284,18 +285,25 @@ def plan_misses() -> int:
     return conv_module._plan.cache_info().misses
 
 
-def test_plan_reused_across_calls(recorder):
-    """The second call with the same shapes (new tensors) finds the plan and its checked
-    arguments cached, and launches with the plan's own objects: nothing is rebuilt."""
+def clear_plans() -> None:
+    """Forget every plan, and the eager calls kept with theirs (which launch without looking
+    a plan up)."""
     conv_module._plan.cache_clear()
-    conv_module._checked_geometry.cache_clear()
+    conv_module._READY.clear()
+
+
+def test_plan_reused_across_calls(recorder):
+    """The second call with the same shapes (new tensors) takes the plan kept for its call
+    signature (no plan made, no check run again) and launches with the plan's own objects:
+    nothing is rebuilt."""
+    clear_plans()
+    conv_checks.checked_geometry.cache_clear()
     for seed in (40, 41):
         x, w, b = make(1, 32, 5, 6, 8, 3, 3, seed=seed)
         check(conv2d(x, w, b, padding=1), reference(x, w, b, padding=1), torch.float32)
-    plans = conv_module._plan.cache_info()
-    assert (plans.misses, plans.hits) == (1, 1)
-    geometry = conv_module._checked_geometry.cache_info()
-    assert (geometry.misses, geometry.hits) == (1, 1)
+    assert plan_misses() == 1
+    geometry = conv_checks.checked_geometry.cache_info()
+    assert (geometry.misses, geometry.hits) == (1, 0)
     first, second = recorder.plans_of(conv_module.conv2d_implicit_gemm_kernel)
     assert all(a is b for a, b in zip(first, second))  # grid, scalars, consts, prepared
     assert isinstance(first[3], dict)  # the plan's prepared launches (filled on the GPU only)
@@ -345,7 +353,7 @@ def test_plan_per_launch_setting(variant, change, recorder):
         assert out.stride() == F.conv2d(x, w, b, **kwargs).stride()
         return recorder.plans[-1]
 
-    conv_module._plan.cache_clear()
+    clear_plans()
     base = run()
     changed = run(**change)
     assert plan_misses() == 2
@@ -380,7 +388,7 @@ def test_plan_reads_weight_in_place_when_laid_out(k_loop, recorder):
         "depthwise": w,
     }[k_loop]
     other = w.transpose(2, 3).contiguous().transpose(2, 3)  # same values, H and W swapped in memory
-    conv_module._plan.cache_clear()
+    clear_plans()
     ref = reference(x, w, b, padding=1, groups=groups)
     for weight in (in_layout, other):
         check(conv2d(x, weight, b, padding=1, groups=groups), ref, torch.float32)
@@ -619,6 +627,64 @@ def test_gradients_fp16_channels_last():
     F.conv2d(*ref_leaves, padding=1).backward(grad_out.double())
     for mine, theirs in zip(leaves, ref_leaves):
         check(mine.grad, theirs.grad, torch.float16)
+
+
+# (name, x's shape (N, C, H, W), F, (KH, KW), conv kwargs, x channels-last, bias, which of x,
+# weight, bias need a gradient): repeated calls of one signature take the kept eager path.
+KEPT_CASES = [
+    ("3x3-pad1", (2, 8, 6, 7), 8, (3, 3), dict(padding=1), False, True, (True, True, True)),
+    ("module-tuples", (1, 4, 6, 6), 6, (3, 3),
+     dict(stride=(1, 1), padding=(1, 1), dilation=(1, 1), groups=1), False, True,
+     (True, True, True)),
+    ("channels-last", (1, 32, 5, 6), 8, (3, 3), dict(padding=1), True, True, (True, True, True)),
+    ("no-bias-stride2", (2, 6, 7, 8), 4, (3, 3), dict(stride=2), False, False, (True, True, False)),
+    ("weight-only", (1, 4, 6, 6), 4, (3, 3), dict(padding=1), False, True, (False, True, False)),
+    ("x-only-groups2", (1, 8, 6, 6), 6, (3, 3), dict(groups=2, padding=1), False, True,
+     (True, False, False)),
+    ("depthwise", (2, 6, 6, 6), 6, (3, 3), dict(groups=6, padding="same"), False, True,
+     (True, True, True)),
+    ("same-4x2-even", (1, 4, 7, 6), 4, (4, 2), dict(padding="same"), False, True,
+     (True, True, True)),
+]
+
+
+@pytest.mark.parametrize("name, x_shape, filters, kernel, kwargs, channels_last, bias, needs",
+                         KEPT_CASES, ids=[c[0] for c in KEPT_CASES])
+def test_kept_signature_repeats_right(name, x_shape, filters, kernel, kwargs, channels_last,
+                                      bias, needs, monkeypatch):
+    """Repeated eager calls of one call signature, each on fresh random values: every call
+    after the first launches the plan kept for the signature (and records with the kept
+    forward and backward), and the values and gradients still match float64 torch."""
+    recorded = []
+    real = conv_module._conv2d.record_planned
+    monkeypatch.setattr(conv_module._conv2d, "record_planned",
+                        lambda *args: recorded.append(1) or real(*args))
+    groups = kwargs.get("groups", 1)
+    for step in range(3):
+        x, w, b = make(*x_shape, filters, *kernel, groups=groups, bias=bias,
+                       seed=seed_of(name, "kept", step))
+        if channels_last:
+            x = x.to(memory_format=torch.channels_last)
+        # No autograd.
+        out = conv2d(x, w, b, **kwargs)
+        check(out, reference(x, w, b, **kwargs), torch.float32)
+        assert out.stride() == F.conv2d(x, w, b, **kwargs).stride()
+        # Forward and backward.
+        inputs = [t for t in (x, w, b) if t is not None]
+        leaves = [t.detach().clone(memory_format=torch.preserve_format).requires_grad_(need)
+                  for t, need in zip(inputs, needs)]
+        out = conv2d(*leaves, **kwargs)
+        dy = randn(out.shape, seed=seed_of(name, "kept-dy", step))
+        refs = [t.double().requires_grad_(need) for t, need in zip(inputs, needs)]
+        ref = F.conv2d(*refs, **kwargs)
+        check(out.detach(), ref.detach(), torch.float32)
+        wanted = [i for i, need in enumerate(needs[:len(inputs)]) if need]
+        got = torch.autograd.grad(out, [leaves[i] for i in wanted], dy)
+        want = torch.autograd.grad(ref, [refs[i] for i in wanted], dy.double())
+        for i, mine, theirs in zip(wanted, got, want):
+            assert mine.shape == inputs[i].shape and mine.dtype == torch.float32
+            check(mine, theirs, torch.float32)
+    assert len(recorded) == 3  # every call that recorded: the signature was kept before it
 
 
 def test_gradient_unbatched_and_input_only():

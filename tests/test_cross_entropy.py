@@ -1114,3 +1114,89 @@ def test_kept_signature_still_refuses_bad_arguments():
         linear_cross_entropy(h, w, target.int())
     with pytest.raises(ValueError, match="label_smoothing"):
         linear_cross_entropy(h, w, target, label_smoothing=2.0)
+
+
+# --------------------------------------------------------------------------------------------
+# linear_cross_entropy's kept one-chunk signature: every repeat right on fresh data.
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("with_bias", [False, True], ids=["no_bias", "bias"])
+@pytest.mark.parametrize("wanted", ["all", "weight_only", "input_only"])
+def test_linear_kept_signature_repeats(dtype, reduction, with_bias, wanted, launches):
+    """A kept one-chunk signature (the first call checks and keeps it, the others take its
+    plans): the loss and the gradients asked for against float64 on fresh data every call, the
+    gradients not asked for left alone; a mean's count made by the reduction kernel (no
+    torch op), before the block kernel divides by it."""
+    ce_ops._LINEAR_READY.clear()
+    rtol, atol = TOLERANCES[dtype]
+    for step in range(3):
+        x = _randn(2, 3, 16, dtype=dtype, seed=500 + step)
+        weight = _randn(24, 16, dtype=dtype, seed=510 + step)
+        bias = _randn(24, dtype=dtype, seed=520 + step) if with_bias else None
+        target = _targets(6, 24, seed=530 + step, ignored=[step % 6]).view(2, 3)
+        x.requires_grad_(wanted != "weight_only")
+        weight.requires_grad_(wanted != "input_only")
+        if bias is not None:
+            bias.requires_grad_(wanted == "all")
+        leaves = [t for t in (x, weight, bias) if t is not None and t.requires_grad]
+        refs = [t.detach().double().requires_grad_(t.requires_grad) if t is not None else None
+                for t in (x, weight, bias)]
+        want = F.cross_entropy(F.linear(*refs).flatten(0, 1), target.flatten(),
+                               reduction=reduction)
+        launches.clear()
+        loss = linear_cross_entropy(x, weight, target, bias, reduction=reduction)
+        if step:  # kept: the count (a mean's) by the reduction kernel, before the block kernel
+            names = [name for name, _ in launches]
+            counts = [c for name, c in launches if name == "cross_entropy_reduce_kernel"
+                      and c["COUNT_ONLY"]]
+            assert len(counts) == (reduction == "mean")
+            assert names[-2:] == ["linear_ce_block_fwd_kernel", "cross_entropy_reduce_kernel"]
+        assert loss.dtype == torch.float32
+        torch.testing.assert_close(loss.double(), want.detach(), rtol=rtol,
+                                   atol=atol * want.abs().item())
+        (loss * 0.5).backward()
+        (want * 0.5).backward()
+        for mine, ref in zip((x, weight, bias), refs):
+            if mine is None or not mine.requires_grad:
+                assert mine is None or mine.grad is None
+                continue
+            scale = ref.grad.abs().max().item()
+            torch.testing.assert_close(mine.grad.double(), ref.grad, rtol=rtol,
+                                       atol=2 * atol * scale)
+            assert mine.grad.dtype == dtype
+        assert leaves
+    assert all(ce_ops._LINEAR_READY.values())
+
+
+def test_linear_kept_mean_of_no_target_is_nan_with_zero_gradients():
+    """Every target ignored in a kept signature: the mean is NaN as torch's (0 / 0), and the
+    gradients are zero (no row is scaled by the 1 / 0 count)."""
+    ce_ops._LINEAR_READY.clear()
+    for step in range(3):
+        x = _randn(4, 16, seed=540 + step).requires_grad_()
+        weight = _randn(8, 16, seed=550 + step).requires_grad_()
+        target = _targets(4, 8, ignored=[0, 1, 2, 3])
+        loss = linear_cross_entropy(x, weight, target)
+        assert torch.isnan(loss)
+        loss.backward()
+        assert torch.equal(x.grad, torch.zeros_like(x))
+        assert torch.equal(weight.grad, torch.zeros_like(weight))
+
+
+def test_a_kept_linear_signature_still_refuses_a_changed_bad_argument():
+    """After a signature is kept, a call that differs in one bad argument is checked again and
+    refused, naming it."""
+    x, weight, target = _randn(4, 16, seed=560), _randn(8, 16, seed=561), _targets(4, 8)
+    for _ in range(2):
+        linear_cross_entropy(x, weight, target)
+    with pytest.raises(TypeError, match="target"):
+        linear_cross_entropy(x, weight, target.int())
+    with pytest.raises(ValueError, match="target"):
+        linear_cross_entropy(x, weight, target[:3])
+    with pytest.raises(TypeError, match="weight"):
+        linear_cross_entropy(x, weight.double(), target)
+    with pytest.raises(ValueError, match="reduction"):
+        linear_cross_entropy(x, weight, target, reduction="avg")
+    with pytest.raises(ValueError, match="label_smoothing"):
+        linear_cross_entropy(x, weight, target, label_smoothing=2.0)

@@ -334,21 +334,48 @@ def test_offsets_past_2_31_elements():
 
 @pytest.mark.parametrize("affine", [True, False], ids=["affine", "plain"])
 def test_eager_backward_takes_the_plan_made_in_the_forward(path, monkeypatch, affine):
-    """As for softmax: the eager forward plans the backward for a contiguous gradient of x's
-    dtype; other gradients go through the registered op, with the same results."""
+    """As for softmax: the eager forward plans the backward for a contiguous gradient, which then
+    only launches; other gradients (strided) go through the registered op, with the same
+    results."""
     calls = []
-    planned = layer_norm_ops._layer_norm_backward_planned
-    monkeypatch.setattr(layer_norm_ops, "_layer_norm_backward_planned",
-                        lambda *args: calls.append(1) or planned(*args))
+    op = layer_norm_ops.layer_norm_backward
+    monkeypatch.setattr(layer_norm_ops, "layer_norm_backward",
+                        lambda *args: calls.append(1) or op(*args))
     x = _randn(6, 40).requires_grad_()
     w, b = _params((40,), torch.float32, weight=affine, bias=affine)
-    _check(x, 40, w, b)
-    assert calls == [1]
+    for _ in range(2):  # the general path's Function, then the kept signature's
+        _check(x, 40, w, b)
+    assert calls == []
     _check(x, 40, w, b, dy=_randn(40, 6, seed=2).t())
     assert calls == [1]
     # Only some gradients asked for: the plan follows needs_input_grad.
     _check(x.detach(), 40, w, b)
-    assert calls == [1, 1] if affine else calls == [1]
+    assert calls == [1]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_repeated_kept_calls_match_float64(path, monkeypatch, dtype):
+    """One signature called again and again with fresh data (after the first call, the kept
+    forward and backward launches): y and the gradients of x, weight and bias as float64
+    PyTorch's, for contiguous and strided incoming gradients, and y without autograd too."""
+    recorded = []
+    record = layer_norm_ops.layer_norm_forward.record_planned
+    monkeypatch.setattr(layer_norm_ops.layer_norm_forward, "record_planned",
+                        lambda *args: recorded.append(1) or record(*args))
+    w, b = _params((48,), dtype)
+    for step in range(6):
+        x = _randn(5, 3, 48, dtype=dtype, seed=20 + step, scale=2.0,
+                   shift=step - 2.0).requires_grad_()
+        if step % 3 == 2:  # strided: (48, 3, 5) permuted back to (5, 3, 48)
+            dy = _randn(48, 3, 5, dtype=dtype, seed=30 + step).permute(2, 1, 0)
+        else:
+            dy = _randn(5, 3, 48, dtype=dtype, seed=30 + step)
+        _check(x, (48,), w, b, dy=dy)
+        with torch.no_grad():
+            y = layer_norm(x, (48,), w, b)
+        ref = F.layer_norm(x.detach().double(), (48,), w.detach().double(), b.detach().double())
+        torch.testing.assert_close(y.double(), ref, **TOLERANCES[dtype])
+    assert len(recorded) == 5  # every call after the first that records
 
 
 # --------------------------------------------------------------------------------------------

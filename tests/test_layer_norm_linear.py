@@ -152,6 +152,93 @@ def test_long_rows_take_layer_norms_chunked_kernel(monkeypatch):
     check(*make_inputs((10,), 100, 12, torch.float32, shift=30.0))
 
 
+# (lead dims, K, N, dtype, which of ln_weight, ln_bias, bias are given, which of the five
+# tensors need a gradient, the incoming gradient's layout): repeated calls of one signature
+# take the kept eager path.
+KEPT_CASES = [
+    ("2d", (6,), 16, 8, torch.float32, (True, True, True), (True,) * 5, "contiguous"),
+    ("3d-bf16", (2, 3), 32, 12, torch.bfloat16, (True, True, True), (True,) * 5, "contiguous"),
+    ("3d-fp16-no-params", (2, 5), 24, 10, torch.float16, (False, False, False),
+     (True, False, False, True, False), "contiguous"),
+    ("2d-no-ln-bias", (7,), 20, 9, torch.float32, (True, False, True),
+     (True, True, False, True, True), "column_major"),
+    ("3d-weights-only", (3, 2), 16, 8, torch.float32, (True, True, True),
+     (False, True, True, True, True), "expanded"),
+    ("3d-x-only", (2, 4), 16, 8, torch.bfloat16, (True, True, False),
+     (True, False, False, False, False), "transposed"),
+    ("fp64-parameters", (5,), 16, 8, torch.float32, (True, True, True), (True,) * 5,
+     "contiguous"),
+]
+
+
+@pytest.mark.parametrize("name, lead, K, N, dtype, given, needs, grad_layout", KEPT_CASES,
+                         ids=[c[0] for c in KEPT_CASES])
+def test_kept_signature_repeats_right(name, lead, K, N, dtype, given, needs, grad_layout,
+                                      monkeypatch):
+    """Repeated eager calls of one call signature, each on fresh random values: every call
+    after the first launches the plans kept for the signature (and records with the kept
+    forward and backward: torch's GEMMs, layer_norm's kept launches), and the values and
+    gradients still match float64 torch, whatever the incoming gradient's strides."""
+    from triton_workshop.ops import layer_norm_linear as lnl_module
+
+    op = lnl_module.layer_norm_linear_forward
+    recorded = []
+    real = op.record_planned
+    monkeypatch.setattr(op, "record_planned", lambda *args: recorded.append(1) or real(*args))
+    for step in range(3):
+        x = rand(*lead, K, dtype=dtype, seed=100 + 10 * step, shift=2.0)
+        g = rand(K, dtype=dtype, seed=101 + 10 * step, scale=0.3, shift=1.0)
+        b = rand(K, dtype=dtype, seed=102 + 10 * step, scale=0.5)
+        w = rand(N, K, dtype=dtype, seed=103 + 10 * step, scale=K ** -0.5)
+        bias = rand(N, dtype=dtype, seed=104 + 10 * step, scale=0.5)
+        if name == "fp64-parameters":
+            g, b, bias = g.double(), b.double(), bias.double()
+        g, b, bias = (t if keep else None for t, keep in zip((g, b, bias), given))
+        tensors = (x, g, b, w, bias)
+        # No autograd.
+        assert_close(layer_norm_linear(*tensors), reference(*tensors), TOL[dtype])
+        # Forward and backward.
+        leaves = [t.clone().requires_grad_(need) if t is not None else None
+                  for t, need in zip(tensors, needs)]
+        out = layer_norm_linear(*leaves)
+        refs = [t.double().requires_grad_(need) if t is not None else None
+                for t, need in zip(tensors, needs)]
+        ref = reference(*refs)
+        assert_close(out.detach(), ref.detach(), TOL[dtype])
+        dy = rand(*out.shape, dtype=dtype, seed=105 + 10 * step)
+        if grad_layout == "column_major":  # (M, N) with M contiguous
+            dy = dy.t().contiguous().t()
+        elif grad_layout == "transposed":  # leading dims swapped in memory
+            dy = dy.transpose(0, 1).contiguous().transpose(0, 1)
+        elif grad_layout == "expanded":  # one row for every row: stride 0
+            dy = dy[:1].expand(out.shape)
+        wanted = [i for i, t in enumerate(leaves) if t is not None and t.requires_grad]
+        got = torch.autograd.grad(out, [leaves[i] for i in wanted], dy)
+        want = torch.autograd.grad(ref, [refs[i] for i in wanted], dy.double())
+        for i, mine, theirs in zip(wanted, got, want):
+            assert mine.dtype == tensors[i].dtype and mine.shape == tensors[i].shape
+            assert_close(mine, theirs, TOL[dtype])
+    assert len(recorded) == 3  # every call that recorded: the signature was kept before it
+
+
+def test_kept_signature_backward_under_autocast():
+    """A kept signature's backward run inside an autocast region (its GEMMs would be cast
+    there) takes the general gradients, still right: fp32 leaves, the op in bf16."""
+    for step in range(3):
+        inputs = make_inputs((2, 3), 16, 8, torch.float32)
+        inputs = [t + 0.01 * step for t in inputs]
+        leaves = [t.clone().requires_grad_() for t in inputs]
+        with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
+            out = layer_norm_linear(*leaves)
+            assert out.dtype == torch.bfloat16
+            grads = torch.autograd.grad(out.float().sum(), leaves)
+        refs = [t.to(torch.bfloat16).double().requires_grad_() for t in inputs]
+        want = torch.autograd.grad(reference(*refs).sum(), refs)
+        for leaf, got, ref in zip(leaves, grads, want):
+            assert got.dtype == leaf.dtype == torch.float32
+            assert_close(got, ref, 3 * TOL[torch.bfloat16])
+
+
 # ---------------------------------------------------------------------------------------------
 # Numerics at any mean: rows far from zero (a residual stream with an offset), constant rows.
 # ---------------------------------------------------------------------------------------------

@@ -910,3 +910,134 @@ def test_tma_picked_only_for_large_products_on_hopper(monkeypatch):
                        dataclasses.replace(tuning, tma_matmul=False))
     monkeypatch.setattr(matmul_module, "_is_hopper", lambda index: False)
     assert not use_tma(big_a, big_b, big_out, "ieee", tuning)
+
+
+# --------------------------------------------------------------------------------------------
+# Kept call signatures: a repeat launches x and the weight as they are (linear) or the kept plan
+# (matmul), forward and backward, and stays right on fresh data.
+# --------------------------------------------------------------------------------------------
+def _close(out, ref, tol):
+    """``out`` within ``tol`` of the float64 ``ref`` (relative Frobenius norm of the error)."""
+    assert out.shape == ref.shape
+    err = (out.double() - ref).norm() / ref.norm().clamp_min(1e-30)
+    assert err.item() <= tol, err.item()
+
+
+def _x_of(layout, dtype, seed):
+    """x of (6, 16) features in a few layouts: rows, a column-major view, 3-D, one vector."""
+    if layout == "rows":
+        return rand(6, 16, dtype=dtype, seed=seed)
+    if layout == "column_major":
+        return rand(16, 6, dtype=dtype, seed=seed).t()
+    if layout == "3d":
+        return rand(2, 3, 16, dtype=dtype, seed=seed)
+    if layout == "3d_batched":  # leading dims that cannot merge: a batched product
+        return rand(3, 2, 16, dtype=dtype, seed=seed).transpose(0, 1)
+    return rand(16, dtype=dtype, seed=seed)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("layout", ["rows", "column_major", "3d", "3d_batched", "vector"])
+@pytest.mark.parametrize("activation,slope", [(None, 0.01), ("relu", 0.01), ("gelu", 0.01),
+                                              ("leaky_relu", -0.5)])
+@pytest.mark.parametrize("weight_layout", ["rows", "column_major"])
+def test_linear_kept_signature_repeats(dtype, layout, activation, slope, weight_layout):
+    """Every call of one signature (the first checked and planned, the others kept): values
+    and the gradients of x, the weight and a bias against float64, each gradient laid out as
+    its operand."""
+    matmul_module._LINEAR_CALLS.clear()
+    for step in range(3):
+        seed = 100 + 10 * step
+        x = _x_of(layout, dtype, seed).requires_grad_()
+        weight = (rand(8, 16, dtype=dtype, seed=seed + 1) if weight_layout == "rows"
+                  else rand(16, 8, dtype=dtype, seed=seed + 1).t()).requires_grad_()
+        bias = rand(8, dtype=dtype, seed=seed + 2).requires_grad_()
+        g = rand(*x.shape[:-1], 8, dtype=dtype, seed=seed + 3)
+        x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, weight, bias))
+        want = ref_epilogue(F.linear(x64, w64, b64), activation, slope)
+        want.backward(g.double())
+        with torch.no_grad():  # the plain kept path
+            _close(linear(x, weight, bias, activation, leaky_relu_slope=slope), want,
+                         TOL[dtype])
+        out = linear(x, weight, bias, activation, leaky_relu_slope=slope)
+        assert out.shape == want.shape
+        _close(out, want, TOL[dtype])
+        out.backward(g)
+        for mine, ref, operand in ((x.grad, x64.grad, x), (weight.grad, w64.grad, weight),
+                                   (bias.grad, b64.grad, bias)):
+            assert mine.dtype == dtype
+            _close(mine, ref, 4 * TOL[dtype])
+            if operand.dim() == 2:
+                assert mine.stride() == operand.stride()
+    kept = [call[4] for call in matmul_module._LINEAR_CALLS.values()]
+    assert kept and all(kept), kept
+    assert all(k.linear == (layout != "3d_batched") for k in kept)
+
+
+@pytest.mark.parametrize("bias_dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
+def test_linear_kept_signature_with_a_bias_of_another_dtype(bias_dtype):
+    """A bias of another dtype than x (added in the promoted dtype): its gradient in its own
+    dtype, on every repeat, through the recomputed pre-activation (GELU)."""
+    matmul_module._LINEAR_CALLS.clear()
+    for step in range(3):
+        x = rand(2, 5, 16, dtype=torch.bfloat16, seed=200 + step).requires_grad_()
+        weight = rand(8, 16, dtype=torch.bfloat16, seed=210 + step).requires_grad_()
+        bias = rand(8, dtype=bias_dtype, seed=220 + step).requires_grad_()
+        x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, weight, bias))
+        out = linear(x, weight, bias, "gelu")
+        want = F.gelu(F.linear(x64, w64, b64), approximate="tanh")
+        _close(out, want, TOL[torch.bfloat16])
+        out.sum().backward()
+        want.sum().backward()
+        assert bias.grad.dtype == bias_dtype
+        for mine, ref in ((x.grad, x64.grad), (weight.grad, w64.grad), (bias.grad, b64.grad)):
+            _close(mine, ref, 4e-2)
+
+
+@pytest.mark.parametrize("shapes", [((6, 16), (16, 8)), ((2, 6, 16), (16, 8)),
+                                    ((2, 6, 16), (2, 16, 8))], ids=str)
+def test_matmul_kept_signature_repeats_with_a_bias(shapes):
+    """matmul's kept signatures, 2-D and batched, with a bias of another dtype: values and
+    gradients against float64 on fresh data, every repeat through the kept plan."""
+    matmul_module._READY.clear()
+    for step in range(3):
+        a = rand(*shapes[0], dtype=torch.bfloat16, seed=300 + step).requires_grad_()
+        b = rand(*shapes[1], dtype=torch.bfloat16, seed=310 + step).requires_grad_()
+        bias = rand(8, seed=320 + step).requires_grad_()
+        a64, b64, c64 = (t.detach().double().requires_grad_() for t in (a, b, bias))
+        out = matmul(a, b, bias=bias, activation="gelu")
+        want = F.gelu(a64 @ b64 + c64, approximate="tanh")
+        _close(out, want, TOL[torch.bfloat16])
+        g = rand(*out.shape, seed=330 + step)
+        out.backward(g.to(out.dtype))
+        want.backward(g.double().to(torch.bfloat16).double())
+        assert bias.grad.dtype == torch.float32
+        for mine, ref in ((a.grad, a64.grad), (b.grad, b64.grad), (bias.grad, c64.grad)):
+            _close(mine, ref, 4e-2)
+    assert all(matmul_module._READY.values())
+
+
+def test_a_kept_linear_signature_still_refuses_a_changed_bad_argument():
+    """After a signature is kept, a call that differs from it in one bad argument is checked
+    (and refused, naming it), never launched as the kept one."""
+    x, weight, bias = rand(6, 16, seed=400), rand(8, 16, seed=401), rand(8, seed=402)
+    for _ in range(2):
+        linear(x, weight, bias)
+    with pytest.raises(TypeError, match="weight"):
+        linear(x, weight.double(), bias)
+    with pytest.raises(ValueError, match="bias"):
+        linear(x, weight, rand(7, seed=403))
+    with pytest.raises(ValueError, match="in_features"):
+        linear(rand(6, 15, seed=404), weight, bias)
+    with pytest.raises(ValueError, match="activation"):
+        linear(x, weight, bias, "tanh")
+    with pytest.raises(ValueError, match="dropout_p"):
+        linear(x, weight, bias, dropout_p=1.5)
+    if DEVICE.type == "cuda":
+        with pytest.raises(ValueError, match="bias"):
+            linear(x, weight, bias.cpu())
+    a, b = rand(6, 16, seed=405), rand(16, 8, seed=406)
+    for _ in range(2):
+        matmul(a, b)
+    with pytest.raises(TypeError, match="b"):
+        matmul(a, b.half())

@@ -649,17 +649,89 @@ def test_every_launch_goes_through_a_plan(monkeypatch, planned_launches):
 
 
 def test_eager_backward_takes_the_plan_made_in_the_forward(monkeypatch):
+    """An eager backward launches what its forward kept, for a contiguous gradient and for one
+    laid out otherwise (copied first: a strided one, a ``sum()``'s expanded one); the op only
+    while a graph is built for a double backward."""
     calls = []
-    planned = rms_norm_ops._rms_norm_backward_planned
-    monkeypatch.setattr(rms_norm_ops, "_rms_norm_backward_planned",
-                        lambda *args: calls.append(1) or planned(*args))
+    op_backward = rms_norm_ops._op_backward
+    monkeypatch.setattr(rms_norm_ops, "_op_backward",
+                        lambda *args: calls.append(1) or op_backward(*args))
     x = _randn(6, 40).requires_grad_()
-    _check(x, 40, _weight((40,)))
+    for _ in range(2):  # the general path's Function, then the kept signature's
+        _check(x, 40, _weight((40,)))
+        _check(x, 40, _weight((40,)), dy=_randn(40, 6, seed=2).t())  # a strided gradient
+        _check_add(x, _randn(6, 40, seed=3).requires_grad_(), 40, _weight((40,)))
+        w = _weight((40,))
+        x.grad = None
+        rms_norm(x, 40, w).sum().backward()  # an expanded gradient
+        want = torch.autograd.grad(F.rms_norm(x, (40,), w).sum(), (x, w))
+        torch.testing.assert_close((x.grad, w.grad), want, **_grad_tolerance(x.dtype))
+    assert calls == []
+    w = _weight((40,))
+    dy = _randn(6, 40, seed=4)
+    grads = torch.autograd.grad(rms_norm(x, 40, w), (x, w), dy, create_graph=True)
     assert calls == [1]
-    _check(x, 40, _weight((40,)), dy=_randn(40, 6, seed=2).t())  # a strided gradient: the op
-    assert calls == [1]
-    _check_add(x, _randn(6, 40, seed=3).requires_grad_(), 40, _weight((40,)))
-    assert calls == [1, 1]
+    torch.testing.assert_close(grads, torch.autograd.grad(rms_norm(x, 40, w), (x, w), dy))
+
+
+@pytest.mark.parametrize("dtype,has_weight,weight_offset",
+                         [(torch.bfloat16, True, 0.0), (torch.bfloat16, True, 1.0),
+                          (torch.float32, False, 0.0)], ids=str)
+def test_repeated_eager_calls_of_a_kept_signature(path, dtype, has_weight, weight_offset,
+                                                  monkeypatch):
+    """The same signature called again and again with fresh data (the kept path after the
+    first call, with and without autograd): values and gradients as float64 torch's each time,
+    for rms_norm and add_rms_norm (the gradient of the normed output alone, and of both)."""
+    checks = []
+    checked = rms_norm_ops._checked
+    monkeypatch.setattr(rms_norm_ops, "_checked", lambda *a: checks.append(1) or checked(*a))
+    shape, n = (3, 5, 48), 48
+    w = _weight((n,), dtype) if has_weight else None
+    w64 = _as64(w)
+    tol, grad_tol = TOLERANCES[dtype], _grad_tolerance(dtype)
+    # The sum as torch rounds it (the interpreter truncates fp32 -> bf16: one ulp).
+    sum_tol = dict(atol=0, rtol=torch.finfo(dtype).eps if INTERPRET and dtype == torch.bfloat16
+                   else 0)
+    for step in range(3):
+        if step == 1:  # each signature checked once, then kept
+            first_checks = len(checks)
+            assert first_checks
+        x = _randn(*shape, dtype=dtype, seed=10 + step).requires_grad_()
+        r = _randn(*shape, dtype=dtype, seed=20 + step, scale=2.0).requires_grad_()
+        dy = _randn(*shape, dtype=dtype, seed=30 + step)
+        dsum = _randn(*shape, dtype=dtype, seed=40 + step)
+        x64, r64 = _as64(x), _as64(r)
+        ref = _reference64(x64, (n,), w64, 1e-6, weight_offset)
+        with torch.no_grad():
+            torch.testing.assert_close(
+                rms_norm(x, n, w, 1e-6, weight_offset=weight_offset).double(), ref, **tol)
+        y = rms_norm(x, n, w, 1e-6, weight_offset=weight_offset)
+        torch.testing.assert_close(y.double(), ref, **tol)
+        inputs, inputs64 = [x] + [w] * has_weight, [x64] + [w64] * has_weight
+        for g, want in zip(torch.autograd.grad(y, inputs, dy),
+                           torch.autograd.grad(ref, inputs64, dy.double())):
+            torch.testing.assert_close(g.double(), want, **grad_tol)
+        # add_rms_norm: the sum rounded to x's dtype, normalised with the exact sum's gradient.
+        total64 = x64 + r64
+        total64 = total64 + ((x.detach() + r.detach()).double() - total64).detach()
+        ref = _reference64(total64, (n,), w64, 1e-6, weight_offset)
+        with torch.no_grad():
+            y, total = add_rms_norm(x, r, n, w, 1e-6, weight_offset=weight_offset)
+        torch.testing.assert_close(y.double(), ref, **tol)
+        torch.testing.assert_close(total.double(), total64, **sum_tol)
+        inputs, inputs64 = [x, r] + [w] * has_weight, [x64, r64] + [w64] * has_weight
+        for outputs_used in (("y",), ("y", "sum")):
+            y, total = add_rms_norm(x, r, n, w, 1e-6, weight_offset=weight_offset)
+            torch.testing.assert_close(y.double(), ref, **tol)
+            torch.testing.assert_close(total.double(), total64, **sum_tol)
+            ours = [y, total][:len(outputs_used)]
+            theirs = [ref, total64][:len(outputs_used)]
+            seeds = [dy, dsum][:len(outputs_used)]
+            for g, want in zip(torch.autograd.grad(ours, inputs, seeds),
+                               torch.autograd.grad(theirs, inputs64, [t.double() for t in seeds],
+                                                   retain_graph=True)):
+                torch.testing.assert_close(g.double(), want, **grad_tol)
+    assert len(checks) == first_checks
 
 
 def _x():

@@ -5,9 +5,12 @@
 for ``x`` of shape (..., K) and ``weight`` (N, K): the block that opens every pre-norm
 transformer layer. No kernels of its own: the forward is
 :func:`~triton_workshop.ops.layer_norm.layer_norm_forward` then
-:func:`~triton_workshop.ops.matmul.launch_matmul` (the bias in its epilogue); the backward
-recomputes the normalised rows from the saved ``mean``/``rstd``. Why it is not a folded epilogue
-(it cancels at large ``|mean| / std``) is in docs/kernels/layer_norm_linear.md.
+:func:`~triton_workshop.ops.matmul.launch_matmul` (the bias in its epilogue). The backward
+recomputes the normalised rows from the saved ``mean``/``rstd``, takes its products from
+torch's GEMMs (as the matmul family's backward: no epilogue to fuse there, and a C++ call costs
+the host less than a Triton launch from Python) and LayerNorm's gradients from layer_norm's
+kernels. Why it is not a folded epilogue (it cancels at large ``|mean| / std``) is in
+docs/kernels/layer_norm_linear.md.
 """
 
 from __future__ import annotations
@@ -27,9 +30,11 @@ from ._common import (
     UNKEYABLE,
     SignatureCache,
     layout_key,
+    stats_dtype,
 )
-from .layer_norm import launch_planned_forward, layer_norm_backward, layer_norm_forward
-from .matmul import launch_matmul, matmul, product_plan, tf32_enabled
+from .layer_norm import layer_norm_backward, layer_norm_forward
+from .layer_norm.plans import backward_plan as layer_norm_backward_plan
+from .matmul import launch_matmul, product_plan, tf32_enabled
 
 
 def _n_rows(x: torch.Tensor) -> int:
@@ -89,98 +94,162 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, grad_out, _grad_mean, _grad_rstd):
-    x, ln_weight, ln_bias, weight, mean, rstd = ctx.saved_tensors
-    need_x, need_g, need_b, need_w, need_bias = ctx.needs_input_grad[:5]
+    return _gradients(grad_out, *ctx.saved_tensors, ctx.needs_input_grad, ctx.bias_dtype)
+
+
+def _gradients(grad_out, x, ln_weight, ln_bias, weight, mean, rstd, needs, bias_dtype):
+    """The six gradients (None where not needed) of any call, traced or eager: the normalised
+    rows recomputed by torch from ``mean``/``rstd``, the products on torch's GEMMs, LayerNorm's
+    gradients from the registered op."""
+    need_x, need_g, need_b, need_w, need_bias = needs[:5]
     K, N = x.shape[-1], weight.shape[0]
     M = mean.shape[0]
     x2d, dy = x.reshape(M, K), grad_out.reshape(M, N)
     dx = d_ln_weight = d_ln_bias = d_weight = d_bias = None
-    # The products the eager forward planned, for an incoming gradient laid out like its output
-    # (not under autocast: there the public matmul casts its operands).
-    planned = getattr(ctx, "backward_plans", None)
-    if planned is not None and not (dy.dtype is x.dtype and dy.stride() == planned[0]
-                                    and runtime.eager_backward() and not runtime.any_autocast()):
-        planned = None
     if need_w:
-        # The backward may materialise the normalised activations the forward never wrote.
         ln_out = (x2d.float() - mean.unsqueeze(1)) * rstd.unsqueeze(1)
         if ln_weight is not None:
             ln_out = ln_out * ln_weight.float()
         if ln_bias is not None:
             ln_out = ln_out + ln_bias.float()
-        d_weight = _product(planned and planned[1], dy.t(), ln_out.to(x.dtype))
+        d_weight = torch.mm(dy.t(), ln_out.to(x.dtype))
     if need_bias:
-        d_bias = dy.sum(0, dtype=torch.float32).to(ctx.bias_dtype)
+        d_bias = dy.sum(0, dtype=torch.float32).to(bias_dtype)
     if need_x or need_g or need_b:
-        d_ln_out = _product(planned and planned[2], dy, weight)
         dx, dg, db = layer_norm_backward(
-            d_ln_out, x2d, ln_weight, mean, rstd, 1, need_x, need_g, need_b
-        )
+            torch.mm(dy, weight), x2d, ln_weight, mean, rstd, 1, need_x, need_g, need_b)
         dx = dx.view(x.shape) if need_x else None
         d_ln_weight = dg.to(ln_weight.dtype) if need_g else None
         d_ln_bias = db.to(ln_bias.dtype) if need_b else None
     return dx, d_ln_weight, d_ln_bias, d_weight, d_bias, None
 
 
-def _product(plan, a, b):
-    """``matmul(a, b)``; with ``plan`` (kept by the eager forward for these layouts) only the
-    allocation and the launch. Autograd runs a CUDA backward on its device thread, already on
-    the operands' device."""
-    if plan is None:
-        return matmul(a, b)
-    out = a.new_empty(a.shape[0], b.shape[1])
-    plan.launch_eager(a, b, out, out, out)  # no bias, no dropout: out stands in (never read)
+def _forward_planned(ctx, x, ln_weight, ln_bias, weight, bias, ready):
+    """The eager autograd forward of a kept signature (:func:`layer_norm_linear`'s ``RECORD``
+    path): the two kept launches, then what :func:`_backward_kept` reads, worked out once per
+    signature and set of inputs needing a gradient (:func:`_kept_backward`). Returns the output
+    alone: mean and rstd are saved, not outputs (no autograd edges, no zero gradients)."""
+    n_rows, stats, out_shape, out_strides, ln_plan, plan, backwards = ready[:7]
+    out = x.new_empty_strided(out_shape, out_strides)
+    ln_out = torch.empty_like(x)  # x is contiguous
+    mean = x.new_empty(n_rows, dtype=stats)
+    rstd = mean.new_empty(n_rows)
+    guard = runtime.device_guard(x)
+    if guard is _SAME_DEVICE:  # entering the no-op context costs two calls
+        # The kernels read pointers: x and its normalised rows as they are, weight for weightᵀ.
+        ln_plan.launch_eager(x, ln_weight if ln_weight is not None else x,
+                             ln_bias if ln_bias is not None else x, ln_out, mean, rstd)
+        plan.launch_eager(ln_out, weight, out, bias if bias is not None else out, out)
+    else:
+        with guard:
+            ln_plan.launch_eager(x, ln_weight if ln_weight is not None else x,
+                                 ln_bias if ln_bias is not None else x, ln_out, mean, rstd)
+            plan.launch_eager(ln_out, weight, out, bias if bias is not None else out, out)
+    needs = ctx.needs_input_grad
+    kept = backwards.get(needs)
+    if kept is None:
+        kept = backwards[needs] = _kept_backward(ready, x, ln_weight, ln_bias, bias, needs)
+    ctx.save_for_backward(x, ln_weight, ln_bias, weight, mean, rstd)
+    ctx.kept = kept
     return out
 
 
-def _backward_plans(dy, ln_out, weight):
-    """``(dy's strides, dW's plan, d(ln_out)'s plan)`` of the backward's products, as the public
-    matmul launches them (its default slope), for an incoming gradient ``dy`` (M, N) laid out
-    like the forward's output; a plan None where the product takes launch_matmul's general
-    path."""
-    slope = 0.01  # matmul's leaky_relu_slope default: part of the launch, unused by "none"
-    return (dy.stride(),
-            product_plan(dy.t(), ln_out, dy.new_empty(weight.shape), None, "none", slope),
-            product_plan(dy, weight, ln_out.new_empty(ln_out.shape), None, "none", slope))
+#: What :func:`runtime.device_guard` gives for a tensor on the current device (a CPU tensor is
+#: one): the context that switches nothing.
+_SAME_DEVICE = runtime.device_guard(torch.empty(0))
 
 
-def _forward_planned(ctx, x, ln_weight, ln_bias, weight, bias, ready):
-    """The eager autograd forward of a kept signature (:func:`_launch_ready`'s ``RECORD``
-    path): :func:`layer_norm_linear_forward` and :func:`_setup_context` with the plans kept
-    (the backward's products', found at the first such call)."""
-    out, ln_out, mean, rstd = _launch_ready(ready, x, ln_weight, ln_bias, weight, bias)
-    ctx.save_for_backward(x, ln_weight, ln_bias, weight, mean, rstd)
-    ctx.bias_dtype = bias.dtype if bias is not None else None
-    ctx.mark_non_differentiable(mean, rstd)
-    backward = ready[-1]
-    if not backward:
-        backward.append(_backward_plans(out.view(ln_out.shape[0], -1), ln_out, weight))
-    ctx.backward_plans = backward[0]
-    return out, mean, rstd
+def _kept_backward(ready, x, ln_weight, ln_bias, bias, needs) -> tuple:
+    """What :func:`_backward_kept` reads for these inputs needing a gradient (``needs``:
+    ``ctx.needs_input_grad``): ``(the forward's layer_norm plan (None: dW not needed), the
+    LayerNorm backward's launches as (plan, operands) (None: no gradient through LayerNorm),
+    their partial sums' elements, M, K, N for an incoming gradient to view as (M, N) (0: out
+    is 2-D), need_x, need_g, need_b, dbias's dtype (None: not needed) and whether it is
+    out's)``."""
+    need_x, need_g, need_b, need_w, need_bias = needs[:5]
+    n_rows, stats, out_shape, _, ln_plan, _, _, n_cols = ready
+    need_ln = need_x or need_g or need_b
+    launches, n_partial = None, 0
+    if need_ln:
+        dtype = x.dtype
+        dw_dtype = ln_weight.dtype if ln_weight is not None else stats
+        db_dtype = ln_bias.dtype if ln_bias is not None else stats
+        plan = layer_norm_backward_plan(
+            n_rows, n_cols, (dtype, dtype, dw_dtype if ln_weight is not None else dtype,
+                             dw_dtype, db_dtype),
+            ln_weight is not None, (need_x, need_g, need_b), runtime.num_sms(x.device),
+            layer_norm_family.TUNING)
+        # Operands as layer_norm launches them: 0 "fused"/"dx_rows", 1 "dx", 2 "dwdb", 3 "sum".
+        operands = {"fused": 0, "dx_rows": 0, "dx": 1, "dwdb": 2, "sum": 3}
+        launches = tuple([(launch, operands[name]) for name, launch in plan.launches.items()])
+        n_partial = (need_g + need_b) * plan.n_partials * n_cols
+    bias_dtype = bias.dtype if need_bias else None
+    return (ln_plan if need_w else None, launches, n_partial, n_rows, n_cols,
+            out_shape[-1] if len(out_shape) != 2 else 0, need_x, need_g, need_b, bias_dtype,
+            bias_dtype is x.dtype)
+
+
+def _backward_kept(ctx, grad_out):
+    """The backward of :func:`_forward_planned`'s Function (inputs x, ln_weight, ln_bias,
+    weight, bias, the kept plans). An eager backward: the normalised rows again from the
+    forward's layer_norm launch, dW and d(ln_out) from torch.mm, dbias one sum, and LayerNorm's
+    gradients from its kept launches over d(ln_out) (contiguous, of x's dtype: torch.mm's). No
+    lookups: everything was worked out in the forward (:func:`_kept_backward`)."""
+    if grad_out is None:  # out did not reach the loss
+        return None, None, None, None, None, None
+    x, ln_weight, ln_bias, weight, mean, rstd = ctx.saved_tensors
+    if not runtime.eager_backward() or runtime.any_autocast():  # autocast would cast the GEMMs
+        return _gradients(grad_out, x, ln_weight, ln_bias, weight, mean, rstd,
+                          ctx.needs_input_grad, ctx.kept[9])
+    (ln_plan, launches, n_partial, n_rows, n_cols, n_out, need_x, need_g, need_b, bias_dtype,
+     bias_like_out) = ctx.kept
+    dy = grad_out.reshape(n_rows, n_out) if n_out else grad_out
+    d_weight = d_bias = dx = dw = db = None
+    if ln_plan is not None:  # the normalised rows the forward never kept, as it wrote them
+        ln_out = x.new_empty_strided((n_rows, n_cols), (n_cols, 1))
+        unkept = rstd.new_empty(n_rows)  # written only: one buffer for mean and rstd
+        ln_plan.launch_eager(x, ln_weight if ln_weight is not None else x,
+                             ln_bias if ln_bias is not None else x, ln_out, unkept, unkept)
+        d_weight = torch.mm(dy.t(), ln_out)
+    if bias_dtype is not None:
+        # One rounding of an fp32 sum either way (torch reduces low precision in fp32).
+        d_bias = dy.sum(0) if bias_like_out else dy.sum(0, dtype=torch.float32).to(bias_dtype)
+    if launches is not None:
+        d_ln_out = torch.mm(dy, weight)
+        dx = torch.empty_like(x) if need_x else x  # x: of dx's dtype, never written
+        if n_partial:
+            partials = mean.new_empty(n_partial)
+            # A sum not asked for gets a placeholder of its dtype, never written.
+            dw = torch.empty_like(ln_weight) if need_g else (
+                ln_weight if ln_weight is not None else mean)
+            db = torch.empty_like(ln_bias) if need_b else (
+                ln_bias if ln_bias is not None else mean)
+        else:
+            partials = dw = db = mean  # never read or written
+        w = ln_weight if ln_weight is not None else x  # never read without a weight
+        for launch, operands in launches:
+            if operands == 0:  # "fused", "dx_rows"
+                launch.launch_eager(d_ln_out, x, w, mean, rstd, dx, partials)
+            elif operands == 3:  # "sum"
+                launch.launch_eager(partials, partials, dw, db)
+            elif operands == 1:  # "dx"
+                launch.launch_eager(d_ln_out, x, w, mean, rstd, dx)
+            else:  # "dwdb"
+                launch.launch_eager(d_ln_out, x, mean, rstd, partials)
+    return (dx if need_x else None, dw if need_g else None, db if need_b else None, d_weight,
+            d_bias, None)
 
 
 layer_norm_linear_forward.register_autograd(_backward, setup_context=_setup_context)
-layer_norm_linear_forward.register_planned_forward(_forward_planned)
-
-
-def _launch_ready(ready, x, ln_weight, ln_bias, weight, bias):
-    """``(out, ln_out, mean, rstd)`` of checked operands of a kept signature (:func:`_ready`):
-    layer_norm's launch, then the product's."""
-    n_rows, n_cols, out_shape, ln_plan, plan, _ = ready
-    x2d = x if x.dim() == 2 else x.view(n_rows, n_cols)  # contiguous
-    out = x.new_empty(out_shape)
-    out2d = out if out.dim() == 2 else out.view(n_rows, -1)
-    ln_out, mean, rstd = launch_planned_forward(ln_plan, x2d, ln_weight, ln_bias, n_rows)
-    with runtime.device_guard(x):
-        plan.launch_eager(ln_out, weight.t(), out2d, bias if bias is not None else out2d, out2d)
-    return out, ln_out, mean, rstd
+layer_norm_linear_forward.register_planned_forward(_forward_planned, _backward_kept)
 
 
 def _ready(x, ln_weight, ln_bias, weight, bias, eps: float, out):
-    """What a repeated eager call of these layouts needs (:func:`_launch_ready`): ``(rows,
-    columns, out's shape, layer_norm's plan, the product's plan, [the backward's plans])``, or
-    False where the call launches otherwise (a copy of a strided operand, an empty result,
-    launch_matmul's general path)."""
+    """What a repeated eager call of these layouts needs: ``(rows, the statistics' dtype, out's
+    shape and strides (tuples of ints: cheaper to pass than a torch.Size), layer_norm's plan,
+    the product's plan, {needs_input_grad: the backward's kept tuple}, K)``, or False where
+    the call launches otherwise (a copy of a strided operand, an empty result, launch_matmul's
+    general path)."""
     K, N = x.shape[-1], weight.shape[0]
     M = _n_rows(x)
     if not (M and N and K and x.is_contiguous()) or any(
@@ -191,8 +260,8 @@ def _ready(x, ln_weight, ln_bias, weight, bias, eps: float, out):
     plan = product_plan(ln_out, weight.t(), out.view(M, N), bias, "none", 0.0)
     if plan is None:
         return False
-    return (M, K, out.shape, layer_norm_family.forward_plan(M, K, eps, x2d, ln_weight, ln_bias),
-            plan, [])
+    return (M, stats_dtype(x.dtype), tuple(out.shape), out.stride(),
+            layer_norm_family.forward_plan(M, K, eps, x2d, ln_weight, ln_bias), plan, {}, K)
 
 
 # --------------------------------------------------------------------------------------------
@@ -256,32 +325,73 @@ def layer_norm_linear(
     key = ready = None
     if path:  # an eager call of layouts seen before: straight to the launches
         try:
-            key = (x.shape, x.stride(), x.dtype, x.device, x.layout, _strided_key(ln_weight),
-                   _strided_key(ln_bias), _strided_key(weight), weight.storage_offset() & 15,
-                   _strided_key(bias), eps, type(eps), tf32_enabled(),
-                   layer_norm_family.TUNING, matmul_family.TUNING)
-            ready = _READY.get(key)
+            key = _ready_key(x, ln_weight, ln_bias, weight, bias, eps)
+            tunings = _READY.tuning  # kept under other tuning objects: nothing is found
+            if (tunings is not None and tunings[0] is layer_norm_family.TUNING
+                    and tunings[1] is matmul_family.TUNING):
+                ready = _READY.get(key)
         except UNKEYABLE:
             key = None
         if ready:
             if path == runtime.RECORD:
                 return layer_norm_linear_forward.record_planned(x, ln_weight, ln_bias, weight,
-                                                                bias, ready)[0]
-            return _launch_ready(ready, x, ln_weight, ln_bias, weight, bias)[0]
+                                                                bias, ready)
+            # No autograd: the statistics are not kept, and the kernel only writes them, so one
+            # buffer takes both.
+            n_rows, stats, out_shape, out_strides, ln_plan, plan = ready[:6]
+            out = x.new_empty_strided(out_shape, out_strides)
+            ln_out = torch.empty_like(x)  # x is contiguous
+            unkept = x.new_empty(n_rows, dtype=stats)
+            guard = runtime.device_guard(x)
+            if guard is _SAME_DEVICE:
+                ln_plan.launch_eager(x, ln_weight if ln_weight is not None else x,
+                                     ln_bias if ln_bias is not None else x, ln_out, unkept,
+                                     unkept)
+                plan.launch_eager(ln_out, weight, out, bias if bias is not None else out, out)
+            else:
+                with guard:
+                    ln_plan.launch_eager(x, ln_weight if ln_weight is not None else x,
+                                         ln_bias if ln_bias is not None else x, ln_out, unkept,
+                                         unkept)
+                    plan.launch_eager(ln_out, weight, out, bias if bias is not None else out,
+                                      out)
+            return out
     _CALLS.checked(_call_key, _check_args, x, ln_weight, ln_bias, weight, bias, eps)
     out, _, _ = layer_norm_linear_forward(x, ln_weight, ln_bias, weight, bias, float(eps))
     if key is not None and ready is None:  # not False: a call that launches otherwise
+        tunings = _READY.tuning
+        if (tunings is None or tunings[0] is not layer_norm_family.TUNING
+                or tunings[1] is not matmul_family.TUNING):
+            _READY.clear()
+            _READY.tuning = (layer_norm_family.TUNING, matmul_family.TUNING)
         _READY.remember(key, _ready(x, ln_weight, ln_bias, weight, bias, float(eps), out))
     return out
 
 
+def _ready_key(x, ln_weight, ln_bias, weight, bias, eps):
+    """An eager call's layouts (all the checks read, and the strides: a tensor of another
+    layout than strided has none, and raises) and eps; the weight's 16-byte offset and the TF32
+    setting (fp32), which the product's plan depends on. Flat for the usual call (all four
+    parameters)."""
+    tf32 = x.dtype is torch.float32 and tf32_enabled()
+    if ln_weight is not None and ln_bias is not None and bias is not None:
+        return (x.shape, x.stride(), x.dtype, x.device, ln_weight.shape, ln_weight.stride(),
+                ln_weight.dtype, ln_weight.device, ln_bias.shape, ln_bias.stride(),
+                ln_bias.dtype, ln_bias.device, weight.shape, weight.stride(), weight.dtype,
+                weight.device, weight.storage_offset() & 15, bias.shape, bias.stride(),
+                bias.dtype, bias.device, eps, type(eps), tf32)
+    return (x.shape, x.stride(), x.dtype, x.device, _strided_key(ln_weight),
+            _strided_key(ln_bias), weight.shape, weight.stride(), weight.dtype, weight.device,
+            weight.storage_offset() & 15, _strided_key(bias), eps, type(eps), tf32)
+
+
 def _strided_key(t):
-    """A tensor's layout and strides (None for None)."""
-    return None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.layout)
+    """A tensor's shape, strides, dtype and device (None for None)."""
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
 
 
 #: layer_norm_linear's checked call signatures.
 _CALLS = SignatureCache()
-#: Eager calls' layouts (the checks' and the plans'), eps, the TF32 setting and the tuning
-#: objects of layer_norm and matmul -> :func:`_ready`.
+#: Eager calls' :func:`_ready_key` -> :func:`_ready`, under the tuning objects of layer_norm
+#: and matmul in ``_READY.tuning``.
 _READY = SignatureCache()

@@ -15,8 +15,10 @@ from typing import Callable, List, Optional
 import torch
 
 from ... import runtime
-from ...runtime import FLOAT_DTYPES, register_op
+from ...runtime import register_op
 from .. import layout
+from .._common import UNKEYABLE, SignatureCache
+from .checks import check_conv_args, plain_arguments
 from .kernels import (
     DEPTHWISE_CONFIGS,
     GEMM_CONFIGS,
@@ -31,11 +33,6 @@ __all__ = [
     "conv2d_depthwise_kernel", "conv2d_implicit_gemm_kernel", "prune_depthwise_configs",
     "prune_gemm_configs", "tf32_enabled", "uses_channel_tiles",
 ]
-
-PADDING_MODES = ("same", "valid")
-
-#: Grid axis 1 (the group in the GEMM kernel) is limited to 65,535 programs by CUDA.
-_MAX_GRID_AXIS_1 = 65_535
 
 #: Channels per group from which the K loop is tiled by channel (see docs/kernels/conv.md). Every
 #: config's BLOCK_K (32 or 64) divides a multiple of 64, and a multiple of 32 fills a 32-wide step.
@@ -338,9 +335,13 @@ def _conv2d_setup_context(ctx, inputs, output):
 
 def _conv2d_backward(ctx, grad):
     x, weight = ctx.saved_tensors
-    stride, padding, dilation, groups = ctx.stride, ctx.padding, ctx.dilation, ctx.groups
-    need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-    need_b = ctx.has_bias and ctx.needs_input_grad[2]
+    needs = ctx.needs_input_grad
+    return (*_gradients(grad, x, weight, ctx.stride, ctx.padding, ctx.dilation, ctx.groups,
+                        needs[0], needs[1], ctx.has_bias and needs[2]), None, None, None, None)
+
+
+def _gradients(grad, x, weight, stride, padding, dilation, groups, need_x, need_w, need_b):
+    """``(grad_x, grad_weight, grad_bias)``, None where not needed."""
     if grad.numel() == 0 or x.numel() == 0 or weight.numel() == 0:
         # Some dimension is 0 (no filters, no images, no pixels, no channels): every sum behind
         # a gradient is empty, so the gradients are zeros. cuDNN/ATen's grad helpers refuse
@@ -349,7 +350,7 @@ def _conv2d_backward(ctx, grad):
         grad_w = torch.zeros_like(weight) if need_w else None
         # The bias still reached every output.
         grad_bias = grad.sum(dim=(0, 2, 3), dtype=torch.float32).to(grad.dtype) if need_b else None
-        return grad_x, grad_w, grad_bias, None, None, None, None
+        return grad_x, grad_w, grad_bias
     # All three gradients in one call of ATen's convolution backward (cuDNN on the GPU), as
     # torch's own Conv2d takes them: one call costs the host what torch's costs, where gathering
     # grad_x with the Triton kernel (a flipped, re-laid-out weight, a plan, a launch) cost
@@ -359,170 +360,82 @@ def _conv2d_backward(ctx, grad):
         x_in, pad_hw = x, [top, left]
     else:  # "same" with an even kernel: ATen takes one padding per axis, so pad x explicitly
         x_in, pad_hw = torch.nn.functional.pad(x, (left, right, top, bottom)), [0, 0]
-    grad_x, grad_w, grad_bias = torch.ops.aten.convolution_backward(
+    grad_x, grad_w, grad_bias = _CONVOLUTION_BACKWARD(
         grad, x_in, weight, [weight.shape[0]] if need_b else None, list(stride), pad_hw,
         list(dilation), False, [0, 0], groups, [need_x, need_w, need_b])
     if need_x and x_in is not x:
         grad_x = grad_x[:, :, top:top + x.shape[2], left:left + x.shape[3]]
-    return grad_x, grad_w, grad_bias, None, None, None, None
+    return grad_x, grad_w, grad_bias
 
+
+_CONVOLUTION_BACKWARD = torch.ops.aten.convolution_backward.default
+
+
+def _conv2d_forward_planned(ctx, x, weight, bias, ready):
+    """The eager autograd forward of a kept signature (:func:`conv2d`'s ``RECORD`` path): the
+    kept launch, as :func:`conv2d` makes it, then what :func:`_conv2d_backward_kept` reads (the
+    convolution backward's arguments for these inputs needing a gradient, made once)."""
+    plan, out_shape, out_strides, relayout, copy_bias, copy_x, backwards = ready[:7]
+    out = x.new_empty_strided(out_shape, out_strides)
+    w = weight if relayout is None else relayout(weight)
+    b = out if bias is None else bias.contiguous() if copy_bias else bias  # out: never read
+    guard = runtime.device_guard(x)
+    if guard is _SAME_DEVICE:  # entering the no-op context costs two calls
+        plan.launch_eager(x if copy_x is None else _channels_last(x, copy_x), w, out, b)
+    else:
+        with guard:
+            plan.launch_eager(x if copy_x is None else _channels_last(x, copy_x), w, out, b)
+    ctx.save_for_backward(x, weight)
+    needs = ctx.needs_input_grad
+    kept = backwards.get(needs)
+    if kept is None:
+        stride, padding, dilation, groups = ready[7]
+        top, bottom, left, right = padding
+        kept = backwards[needs] = (
+            [*stride], [top, left] if top == bottom and left == right else None, [*dilation],
+            groups, [out_shape[1]] if needs[2] else None, [needs[0], needs[1], needs[2]],
+            padding)
+    ctx.kept = kept
+    return out
+
+
+def _conv2d_backward_kept(ctx, grad):
+    """The backward of :func:`_conv2d_forward_planned`'s Function (inputs x, weight, bias, the
+    kept plans): ATen's convolution backward with the arguments kept (a non-empty convolution
+    by then), or :func:`_gradients` for a padding ATen cannot take."""
+    x, weight = ctx.saved_tensors
+    stride, pad_hw, dilation, groups, bias_sizes, mask, padding = ctx.kept
+    if pad_hw is None:
+        return (*_gradients(grad, x, weight, stride, padding, dilation, groups, *mask), None)
+    return (*_CONVOLUTION_BACKWARD(grad, x, weight, bias_sizes, stride, pad_hw, dilation, False,
+                                   _NO_OUTPUT_PADDING, groups, mask), None)
+
+
+_NO_OUTPUT_PADDING = [0, 0]
+
+
+def _channels_last(x, copy_x) -> torch.Tensor:
+    """A channels-last copy of x (:attr:`ConvPlan.to_channels_last`): ``copy_x`` is ``(the
+    plan's transpose (None: Tensor.contiguous), x's shape, the copy's strides)``."""
+    transpose, shape, strides = copy_x
+    if transpose is None:
+        return x.contiguous(memory_format=torch.channels_last)
+    y = x.new_empty_strided(shape, strides)
+    transpose.launch_eager(x, y)
+    return y
+
+
+#: What :func:`runtime.device_guard` gives for a tensor on the current device (a CPU tensor is
+#: one): the context that switches nothing.
+_SAME_DEVICE = runtime.device_guard(torch.empty(0))
 
 _conv2d.register_autograd(_conv2d_backward, setup_context=_conv2d_setup_context)
+_conv2d.register_planned_forward(_conv2d_forward_planned, _conv2d_backward_kept)
 
 
 # --------------------------------------------------------------------------------------------
 # Public API.
 # --------------------------------------------------------------------------------------------
-def _pair(value, name: str, *, minimum: int) -> list[int]:
-    """An int or a sequence of 1 or 2 ints, as torch accepts them, checked against ``minimum``."""
-    if type(value) is int and value >= minimum:  # the common case, first (bool is not int here)
-        return [value, value]
-    if type(value) is tuple and len(value) == 2:  # nn.Conv2d keeps its arguments as such pairs
-        first, second = value
-        if type(first) is int and type(second) is int and min(first, second) >= minimum:
-            return [first, second]
-    items = [value] if isinstance(value, int) else value
-    if not isinstance(items, (tuple, list)) or len(items) not in (1, 2):
-        raise TypeError(f"{name} must be an int or a tuple of 2 ints, got {value!r}")
-    if any(isinstance(v, bool) or not isinstance(v, int) for v in items):
-        raise TypeError(f"{name} must be an int or a tuple of 2 ints, got {value!r}")
-    pair = [items[0], items[-1]]
-    if min(pair) < minimum:
-        rule = "positive" if minimum == 1 else "non-negative"
-        raise ValueError(f"{name} must be {rule}, got {value!r}")
-    return pair
-
-
-def _padding_amounts(padding, kernel_size, dilation, stride) -> list[int]:
-    """[top, bottom, left, right] (``kernel_size``: the weight's (KH, KW))."""
-    if type(padding) is int and padding >= 0:
-        return [padding, padding, padding, padding]
-    if isinstance(padding, str):
-        if padding not in PADDING_MODES:
-            raise ValueError(
-                f"padding must be an int, a pair or one of {PADDING_MODES}, got {padding!r}"
-            )
-        if padding == "valid":
-            return [0, 0, 0, 0]
-        if stride != [1, 1]:
-            raise ValueError(f"padding='same' requires stride 1 (as in torch), got stride {stride}")
-        amounts = []
-        for d, k in zip(dilation, kernel_size):
-            total = d * (k - 1)
-            # torch pads the extra row/column of an odd total on the bottom/right.
-            amounts += [total // 2, total - total // 2]
-        return amounts
-    p = _pair(padding, "padding", minimum=0)
-    return [p[0], p[0], p[1], p[1]]
-
-
-#: Where the kernels can read tensors (see runtime.check_kernel_device).
-_KERNEL_DEVICE_TYPES = ("cuda", "cpu") if runtime.INTERPRET else ("cuda",)
-
-
-def _tensors_pass(x, weight, bias) -> bool:
-    """Whether the tensor checks of :func:`_check_conv_args` pass, in a fraction of their time
-    (every call pays this; the full checks, with their messages, run only when it says no)."""
-    if not (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)):
-        return False
-    dtype, device = x.dtype, x.device
-    if (
-        dtype not in FLOAT_DTYPES
-        or weight.dtype != dtype
-        or device.type not in _KERNEL_DEVICE_TYPES
-        or weight.device != device
-        or x.dim() not in (3, 4)
-        or weight.dim() != 4
-    ):
-        return False
-    return bias is None or (
-        isinstance(bias, torch.Tensor)
-        and bias.dtype == dtype
-        and bias.device == device
-        and bias.dim() == 1
-    )
-
-
-def _is_plain(value) -> bool:
-    """An int or a pair of ints, exactly (no bool, float or int subclass inside)."""
-    return type(value) is int or (
-        type(value) is tuple and len(value) == 2 and type(value[0]) is int and type(value[1]) is int
-    )
-
-
-def _check_conv_args(x, weight, bias, stride, padding, dilation, groups):
-    """Every argument check, before any launch. Returns (stride, padding [top, bottom, left,
-    right], dilation) as tuples."""
-    if not _tensors_pass(x, weight, bias):
-        runtime.check_tensor(x, "x", dtypes=FLOAT_DTYPES, ndim=(3, 4))
-        runtime.check_tensor(weight, "weight", dtypes=FLOAT_DTYPES, ndim=4)
-        runtime.check_same_dtype(x=x, weight=weight)
-        if bias is not None:
-            runtime.check_tensor(bias, "bias", dtypes=FLOAT_DTYPES, ndim=1)
-            runtime.check_same_dtype(x=x, bias=bias)
-        runtime.check_same_device(x=x, weight=weight, bias=bias)
-    key = (x.shape, weight.shape, None if bias is None else bias.shape, stride, padding, dilation,
-           groups)
-    # The shape checks depend on nothing else, and a network calls with the same few shapes
-    # every step: cached, for plain ints and pairs of them only (True and 1.0 hash and compare
-    # equal to 1, and must still be refused), and not while torch.compile traces this (it would
-    # warn that it ignores the cache). The plan cache also skips symbolic (unhashable) sizes.
-    if (type(groups) is int and _is_plain(stride) and _is_plain(dilation)
-            and (type(padding) is str or _is_plain(padding))
-            and not torch.compiler.is_compiling()):  # fmt: skip
-        return _checked_geometry(*key)
-    return _checked_geometry.__wrapped__(*key)
-
-
-@runtime.plan_cache()
-def _checked_geometry(x_shape, w_shape, bias_shape, stride, padding, dilation, groups):
-    """The checks of the shapes against each other and the conv arguments (errors name them),
-    and the arguments in the op's form: see :func:`_check_conv_args`."""
-    if type(groups) is not int and (isinstance(groups, bool) or not isinstance(groups, int)):
-        raise TypeError(f"groups must be an int, got {type(groups).__name__}")
-    if groups < 1:
-        raise ValueError(f"groups must be positive, got {groups}")
-    n_filters, group_c, kh, kw = w_shape
-    channels, height, width = x_shape[-3:]
-    if n_filters % groups != 0:
-        raise ValueError(
-            f"weight has {n_filters} filters, which groups={groups} does not divide "
-            "(each group needs the same number of filters)"
-        )
-    if group_c * groups != channels:
-        raise ValueError(
-            f"x has {channels} channels but weight expects weight.shape[1] * groups = "
-            f"{group_c} * {groups} = {group_c * groups} (weight is {tuple(w_shape)})"
-        )
-    if group_c != 1 and groups > _MAX_GRID_AXIS_1:
-        raise ValueError(
-            f"groups must be at most {_MAX_GRID_AXIS_1} unless depthwise, got {groups}"
-        )
-    if bias_shape is not None and bias_shape[0] != n_filters:
-        raise ValueError(
-            f"bias must have shape ({n_filters},) to match weight, got {tuple(bias_shape)}"
-        )
-    if kh == 0 or kw == 0:
-        raise ValueError(f"weight must have a non-empty kernel, got shape {tuple(w_shape)}")
-
-    stride = _pair(stride, "stride", minimum=1)
-    dilation = _pair(dilation, "dilation", minimum=1)
-    padding = _padding_amounts(padding, (kh, kw), dilation, stride)
-    if (height + padding[0] + padding[1] < dilation[0] * (kh - 1) + 1
-            or width + padding[2] + padding[3] < dilation[1] * (kw - 1) + 1):  # fmt: skip
-        for axis, size, k, d, before, after in (
-            ("height", height, kh, dilation[0], padding[0], padding[1]),
-            ("width", width, kw, dilation[1], padding[2], padding[3]),
-        ):
-            if size + before + after < d * (k - 1) + 1:
-                raise ValueError(
-                    f"weight's dilated kernel {axis} {d * (k - 1) + 1} is larger than x's padded "
-                    f"{axis} {size} + {before + after}: the output would be empty"
-                )
-    # Tuples: the cache hands the same ones to every call, so they must not be mutable.
-    return tuple(stride), tuple(padding), tuple(dilation)
-
-
 @runtime.follows_autocast(_conv2d)
 def conv2d(
     x: torch.Tensor,
@@ -544,7 +457,70 @@ def conv2d(
     docs/kernels/conv.md). Differentiable in ``x``, ``weight`` and ``bias``: the gradients come
     from PyTorch's own convolution backward (cuDNN on the GPU), as torch's Conv2d takes them.
     """
-    stride, padding, dilation = _check_conv_args(x, weight, bias, stride, padding, dilation, groups)
+    path = _conv2d.eager_path(x, weight, bias)
+    key = ready = None
+    if path and plain_arguments(stride, padding, dilation, groups):
+        try:  # an eager call of a signature seen before: straight to the launch
+            key = (x.shape, x.stride(), x.dtype, x.device, weight.shape, weight.stride(),
+                   weight.dtype, weight.device,
+                   None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device),
+                   stride, padding, dilation, groups, x.dtype is _FP32 and tf32_enabled())
+            tunings = _READY.tuning  # kept under other tuning objects: nothing is found
+            if tunings is not None and tunings[0] is TUNING and tunings[1] is layout.TUNING:
+                ready = _READY.get(key)
+        except UNKEYABLE:
+            key = None
+        if ready:
+            if path == runtime.RECORD:
+                return _conv2d.record_planned(x, weight, bias, ready)
+            plan, out_shape, out_strides, relayout, copy_bias, copy_x = ready[:6]
+            out = x.new_empty_strided(out_shape, out_strides)
+            if relayout is not None:
+                weight = relayout(weight)
+            b = out if bias is None else bias.contiguous() if copy_bias else bias  # out: unread
+            guard = runtime.device_guard(x)
+            if guard is _SAME_DEVICE:
+                plan.launch_eager(x if copy_x is None else _channels_last(x, copy_x), weight,
+                                  out, b)
+            else:
+                with guard:
+                    plan.launch_eager(x if copy_x is None else _channels_last(x, copy_x), weight,
+                                      out, b)
+            return out
+    checked = check_conv_args(x, weight, bias, stride, padding, dilation, groups)
     if x.dim() == 3:
-        return _conv2d(x.unsqueeze(0), weight, bias, stride, padding, dilation, groups).squeeze(0)
-    return _conv2d(x, weight, bias, stride, padding, dilation, groups)
+        return _conv2d(x.unsqueeze(0), weight, bias, *checked, groups).squeeze(0)
+    out = _conv2d(x, weight, bias, *checked, groups)
+    if key is not None and ready is None:  # not False: a call that launches otherwise
+        tunings = _READY.tuning
+        if tunings is None or tunings[0] is not TUNING or tunings[1] is not layout.TUNING:
+            _READY.clear()
+            _READY.tuning = (TUNING, layout.TUNING)
+        _READY.remember(key, _ready(x, weight, bias, *checked, groups))
+    return out
+
+
+def _ready(x, weight, bias, stride, padding, dilation, groups):
+    """What :func:`conv2d` keeps for a repeated eager call of these layouts and arguments:
+    ``(the plan, out's shape and strides (tuples of ints: cheaper to pass than a torch.Size),
+    the weight's relayout (None: read in place), whether the bias is copied, x's channels-last
+    copy (:func:`_channels_last`; None: read in place), {needs_input_grad: the backward's
+    arguments}, (stride, padding, dilation, groups) checked)``; False for a call that launches
+    nothing (an empty output or input)."""
+    plan = _find_plan(x, weight, stride, padding, dilation, groups, bias is not None)
+    if plan.kernel is None or not x.numel():
+        return False
+    copy_x = None
+    if plan.to_channels_last:
+        copy_x = (plan.x_copy, tuple(x.shape),
+                  _meta(x.shape).contiguous(memory_format=torch.channels_last).stride())
+    return (plan, tuple(plan.out_shape), tuple(plan.out_strides),
+            None if weight.stride() == plan.weight_strides else plan.relayout,
+            bias is not None and bias.stride(0) != 1, copy_x, {},
+            (stride, padding, dilation, groups))
+
+
+_FP32 = torch.float32
+#: Eager calls' layouts (shapes, strides, dtypes, devices), plain conv arguments and TF32 switch
+#: (fp32) -> :func:`_ready`, under the tuning objects of conv and layout in ``_READY.tuning``.
+_READY = SignatureCache()

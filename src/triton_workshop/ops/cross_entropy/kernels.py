@@ -236,30 +236,37 @@ def cross_entropy_bwd_kernel(
 def cross_entropy_reduce_kernel(
     loss_ptr, target_ptr, out_ptr, count_ptr,
     n_rows, target_stride, ignore_index,
-    MEAN: tl.constexpr, KEEP_COUNT: tl.constexpr, BLOCK: tl.constexpr,
+    MEAN: tl.constexpr, KEEP_COUNT: tl.constexpr, COUNT_ONLY: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     """One program: the sum of the ``n_rows`` per-row losses (fp32, ignored rows hold 0), for a
     ``MEAN`` divided by the number of targets other than ``ignore_index`` (0 / 0 = NaN where
     there is none, as torch gives), stored in ``out``'s dtype. ``KEEP_COUNT``: that count also
-    goes to ``count_ptr`` (fp32) for the backward. In a fixed order: the same sum every run."""
+    goes to ``count_ptr`` (fp32) for the backward. ``COUNT_ONLY``: the count alone, to
+    ``count_ptr`` (the losses and ``out`` are not touched): a mean's divisor counted before the
+    losses exist, for a gradient made with them. In a fixed order: the same sum every run."""
     total = tl.zeros([BLOCK], tl.float32)
     valid = tl.zeros([BLOCK], tl.int32)
     for start in range(0, n_rows, BLOCK):
         rows = start + tl.arange(0, BLOCK)
         mask = rows < n_rows
-        total += tl.load(loss_ptr + rows, mask=mask, other=0.0).to(tl.float32)
-        if MEAN:
+        if not COUNT_ONLY:
+            total += tl.load(loss_ptr + rows, mask=mask, other=0.0).to(tl.float32)
+        if MEAN or COUNT_ONLY:
             target = tl.load(target_ptr + rows.to(tl.int64) * target_stride, mask=mask,
                              other=ignore_index)
             valid += tl.where(mask & (target != ignore_index), 1, 0)
-    result = tl.sum(total, axis=0)
-    if MEAN:
-        count = tl.sum(valid, axis=0).to(tl.float32)
-        # No targets: NaN (0 / 0, as torch gives), without dividing by 0.
-        result = tl.where(count > 0, result / tl.maximum(count, 1.0), float("nan"))
-        if KEEP_COUNT:
-            tl.store(count_ptr, count)
-    tl.store(out_ptr, result.to(out_ptr.dtype.element_ty))
+    if COUNT_ONLY:
+        tl.store(count_ptr, tl.sum(valid, axis=0).to(tl.float32))
+    else:
+        result = tl.sum(total, axis=0)
+        if MEAN:
+            count = tl.sum(valid, axis=0).to(tl.float32)
+            # No targets: NaN (0 / 0, as torch gives), without dividing by 0.
+            result = tl.where(count > 0, result / tl.maximum(count, 1.0), float("nan"))
+            if KEEP_COUNT:
+                tl.store(count_ptr, count)
+        tl.store(out_ptr, result.to(out_ptr.dtype.element_ty))
 
 
 # --------------------------------------------------------------------------------------------

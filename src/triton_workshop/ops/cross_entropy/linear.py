@@ -386,65 +386,104 @@ def one_chunk_forward(x, weight, target, bias, ignore_index, reduction, smoothin
                       plans: dict):
     """:func:`linear_cross_entropy_forward`'s outputs (``need`` given: the loss alone, without
     autograd) for tokens that fit one chunk of whole rows (:func:`one_chunk`): the chunk loop's
-    one step, with the block kernel's plan kept in ``plans`` by whether it makes the gradient."""
+    one step, with the kernels' plans kept in ``plans`` by whether the block kernel makes the
+    gradient. ``lse`` is not returned (None: the gradients are made here), nor a gradient
+    that is not needed (None)."""
     n_rows = x.shape[0]
     loss_rows = x.new_empty(n_rows, dtype=torch.float32)
     lse = x.new_empty(n_rows, dtype=torch.float32)
     in_forward = reduction != "none"
-    if need is not None:
-        need = (need[0] and in_forward, need[1] and in_forward,
-                need[2] and in_forward and bias is not None)
-        grads = new_grads(x, weight, bias, need)
-        compute_grad = need[0] or need[1] or need[2]
-    else:
-        compute_grad = False
-    # A mean's gradient is divided by the count of targets in the block kernel: counted first.
-    counted = count_valid(target, ignore_index) if compute_grad and reduction == "mean" \
-        else None
+    compute_grad = need is not None and in_forward and (
+        need[0] or need[1] or (need[2] and bias is not None))
+    mean_grad = compute_grad and reduction == "mean"
+    loss = x.new_empty((), dtype=torch.float32) if in_forward else loss_rows
     # As the chunk loop makes and reads them (see _linear_cross_entropy_chunks).
     logits = F.linear(x, weight, bias)
     plan = plans.get(compute_grad)
     if plan is None:
-        plan = plans[compute_grad] = block_forward_plan_for(
-            logits, target, loss_rows, lse, 0, weight.shape[0], ignore_index, smoothing, True,
-            True, compute_grad, counted)[0]
-    if in_forward:  # a mean or a sum: one kernel reduces the rows (and counts a mean's)
-        loss = x.new_empty((), dtype=torch.float32)
-        reduce = plans.get("reduce")
-        if reduce is None:
-            reduce = plans["reduce"] = reduce_plan(
-                n_rows, (torch.float32, target.dtype, torch.float32, torch.float32),
-                target.stride(0), ignore_index, reduction == "mean", False)
+        plan = plans[compute_grad] = _one_chunk_plans(
+            logits, target, loss_rows, lse, loss, weight.shape[0], ignore_index, reduction,
+            smoothing, compute_grad)
+    guard = runtime.device_guard(logits)
+    if guard is _SAME_DEVICE:  # entering the no-op context costs two calls
+        _launch_one_chunk(plan, logits, target, loss_rows, lse, loss, mean_grad)
     else:
-        loss = loss_rows
-    with runtime.device_guard(logits):
-        plan.launch_eager(logits, target, lse if counted is None else counted, loss_rows, lse)
-        if in_forward:
-            reduce.launch_eager(loss_rows, target, loss, loss)
-    if compute_grad:
-        _add_products(logits, x, weight, grads, (0, n_rows), None, True, True)
-    del logits
+        with guard:
+            _launch_one_chunk(plan, logits, target, loss_rows, lse, loss, mean_grad)
     if need is None:
         return loss
-    return (loss, lse, *_finish_grads(grads, x, bias))
+    grad_x = grad_w = grad_b = None
+    if compute_grad:  # the chunk's products (_add_products), each written whole
+        if need[0]:
+            grad_x = torch.mm(logits, weight)
+        if need[1]:
+            grad_w = torch.mm(logits.t(), x)
+        if need[2] and bias is not None:  # of x's dtype (checked): summed in fp32, one rounding
+            grad_b = logits.sum(0)
+    return loss, None, grad_x, grad_w, grad_b
+
+
+def _launch_one_chunk(plans, logits, target, loss_rows, lse, loss, mean_grad: bool) -> None:
+    """:func:`one_chunk_forward`'s launches (``plans``: :func:`_one_chunk_plans`)."""
+    block, reduce, count = plans
+    if mean_grad:
+        # A mean's gradient is divided by the count of targets in the block kernel: counted
+        # first, into the loss (the mean overwrites it once the block kernel has read it).
+        count.launch_eager(loss, target, loss, loss)
+    block.launch_eager(logits, target, loss if mean_grad else lse, loss_rows, lse)
+    if reduce is not None:  # a mean or a sum: one kernel reduces the rows (and counts a mean's)
+        reduce.launch_eager(loss_rows, target, loss, loss)
+
+
+def _one_chunk_plans(logits, target, loss_rows, lse, loss, n_vocab, ignore_index, reduction,
+                     smoothing, compute_grad):
+    """:func:`one_chunk_forward`'s plans: the block kernel's, the reduction's (None for
+    reduction="none") and, for a mean's gradient, the count's (else None)."""
+    mean_grad = compute_grad and reduction == "mean"
+    block = block_forward_plan_for(logits, target, loss_rows, lse, 0, n_vocab, ignore_index,
+                                   smoothing, True, True, compute_grad,
+                                   loss if mean_grad else None)[0]
+    n_rows = logits.shape[0]
+    dtypes = (torch.float32, target.dtype, torch.float32, torch.float32)
+    reduce = None if reduction == "none" else reduce_plan(
+        n_rows, dtypes, target.stride(0), ignore_index, reduction == "mean", False)
+    count = reduce_plan(n_rows, dtypes, target.stride(0), ignore_index, True, False,
+                        True) if mean_grad else None
+    return block, reduce, count
+
+
+#: What :func:`runtime.device_guard` gives for a tensor on the current device (a CPU tensor is
+#: one): the context that switches nothing.
+_SAME_DEVICE = runtime.device_guard(torch.empty(0))
 
 
 def _linear_forward_planned(ctx, x, weight, target, bias, ready):
     """The eager autograd forward of a kept one-chunk signature, for a mean or a sum (the
     public function's ``RECORD`` path): :func:`linear_cross_entropy_forward` and
-    :func:`_linear_setup_context` with the block's plans kept. ``ready``: ``(ignore_index,
-    label_smoothing, reduction, the plans)``."""
+    :func:`_linear_setup_context` with the kernels' plans kept. ``ready``: ``(ignore_index,
+    label_smoothing, reduction, the plans)``. Its outputs are the loss and the gradients that
+    are needed (None for ``lse``, not needed after, and for a gradient not wanted)."""
     ignore_index, smoothing, reduction, plans = ready
     need = (x.requires_grad, weight.requires_grad, bias is not None and bias.requires_grad)
-    loss, lse, grad_x, grad_w, grad_b = one_chunk_forward(
-        x, weight, target, bias, ignore_index, reduction, smoothing, need, plans)
-    # As _linear_setup_context for an eager mean or sum.
-    ctx.mark_non_differentiable(lse)  # the gradients stay differentiable
+    outputs = one_chunk_forward(x, weight, target, bias, ignore_index, reduction, smoothing,
+                                need, plans)
+    # As _linear_setup_context for an eager mean or sum: the gradients stay differentiable.
     ctx.set_materialize_grads(False)
-    ctx.reduction, ctx.need = reduction, need
-    ctx.save_for_backward(grad_x, grad_w, grad_b)
+    ctx.save_for_backward(*outputs[2:])
     ctx.applied = [None, None, None]  # see applied_scale
-    return loss, lse, grad_x, grad_w, grad_b
+    return outputs
 
 
-linear_cross_entropy_forward.register_planned_forward(_linear_forward_planned)
+def _linear_backward_planned(ctx, grad_loss, _grad_lse, *grads_of_grads):
+    """:func:`_linear_backward_autograd` after :func:`_linear_forward_planned`: the gradients
+    made for what autograd needs (the inputs' requires_grad when recorded), scaled."""
+    refuse_double_backward("linear_cross_entropy", *grads_of_grads)
+    if grad_loss is None:
+        return None, None, None, None, None
+    needs = ctx.needs_input_grad
+    grad_x, grad_w, grad_b = _linear_scaled_grads(ctx, grad_loss, (needs[0], needs[1], needs[3]))
+    return grad_x, grad_w, None, grad_b, None
+
+
+linear_cross_entropy_forward.register_planned_forward(_linear_forward_planned,
+                                                      _linear_backward_planned)

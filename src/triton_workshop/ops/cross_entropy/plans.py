@@ -182,12 +182,16 @@ def launch_block_grad(logits, target, lse, col_start, n_classes, ignore_index, s
 
 
 @plan_cache()
-def reduce_plan(n_rows, dtypes, target_stride, ignore_index, mean, keep_count) -> LaunchPlan:
+def reduce_plan(n_rows, dtypes, target_stride, ignore_index, mean, keep_count,
+                count_only=False) -> LaunchPlan:
     """cross_entropy_reduce_kernel: the sum (or a ``mean``) of ``n_rows`` per-row losses, in one
-    program; ``dtypes``: of its four tensors (the loss rows, the targets, the loss, the count)."""
+    program; ``dtypes``: of its four tensors (the loss rows, the targets, the loss, the count).
+    ``count_only``: the count of targets alone (fp32), to the launch's fourth tensor."""
     block = min(4096, max(16, 1 << (n_rows - 1).bit_length()))
     return LaunchPlan(cross_entropy_reduce_kernel, (1,), (n_rows, target_stride, ignore_index),
-                      dict(MEAN=mean, KEEP_COUNT=mean and keep_count, BLOCK=block,
+                      dict(MEAN=mean and not count_only,
+                           KEEP_COUNT=mean and keep_count and not count_only,
+                           COUNT_ONLY=count_only, BLOCK=block,
                            num_warps=4 if block <= 1024 else 8))
 
 

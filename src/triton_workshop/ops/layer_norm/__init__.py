@@ -83,12 +83,14 @@ def layer_norm_forward(
     return y, mean, rstd
 
 
-def _find_forward_plan(n_rows, n_cols, eps, dtypes, has_weight, has_bias) -> LaunchPlan:
-    """:func:`.plans.forward_launch` under the current :data:`TUNING`: one dict lookup for a shape seen
-    before."""
+def _find_forward_plan(n_rows, n_cols, eps, dtypes, has_weight, has_bias,
+                       store_stats: bool = True) -> LaunchPlan:
+    """:func:`.plans.forward_launch` under the current :data:`TUNING`: one dict lookup for a shape
+    seen before (``store_stats`` off: the launch of a call that keeps no statistics)."""
     return _FORWARD_PLANS.found(
-        TUNING, (n_rows, n_cols, eps, dtypes, has_weight, has_bias),
-        lambda: forward_launch(n_rows, n_cols, eps, dtypes, has_weight, has_bias, TUNING))
+        TUNING, (n_rows, n_cols, eps, dtypes, has_weight, has_bias, store_stats),
+        lambda: forward_launch(n_rows, n_cols, eps, dtypes, has_weight, has_bias, TUNING,
+                               store_stats))
 
 
 #: :func:`_find_forward_plan`'s plans by its arguments.
@@ -191,63 +193,61 @@ def _layer_norm_setup_context(ctx, inputs, output):
     # a step) only to be ignored.
     ctx.set_materialize_grads(False)
     ctx.save_for_backward(x, weight, mean, rstd)
-    ctx.norm_ndim = norm_ndim
-    ctx.bias_dtype = bias.dtype if bias is not None else None
-    ctx.backward_plan = None  # always set: the backward reads it without getattr's default
+    needs = ctx.needs_input_grad
     n_rows, n_cols = rows_cols(x, norm_ndim)
-    if getattr(ctx, "eager", False) and n_rows and n_cols and x.is_contiguous() and (
-            weight is None or weight.is_contiguous()):
-        ctx.backward_plan = _planned_backward(x, weight, ctx.bias_dtype, n_rows, n_cols,
-                                              tuple(ctx.needs_input_grad[:3]), norm_ndim)
+    if getattr(ctx, "eager", False) and n_rows and n_cols and all(
+            t is None or t.is_contiguous() for t in (x, weight, bias)):
+        # As the kept forward (_layer_norm_forward_kept) fills ctx: the backward is the same.
+        ctx.kept = _kept_backward(x, weight, bias, n_rows, n_cols, norm_ndim, needs)
+        ctx.bias = bias
+    else:  # the op's backward, whatever the gradient
+        ctx.kept = (None, needs[0], needs[1], needs[2], norm_ndim,
+                    bias.dtype if bias is not None else None)
 
 
-def _planned_backward(x, weight, bias_dtype, n_rows, n_cols, need, norm_ndim):
-    """The backward for the usual case of a contiguous gradient of x's dtype (x and the weight
-    contiguous), worked out on the calling thread: the backward then only allocates and
-    launches (:func:`_layer_norm_backward_planned`). A tuple of
+def _kept_backward(x, weight, bias, n_rows, n_cols, norm_ndim, needs) -> tuple:
+    """What the eager backward of contiguous ``x``, ``weight``, ``bias`` needs, worked out on
+    the calling thread so that :func:`_layer_norm_backward_kept` only allocates and launches
+    (autograd runs a CUDA backward on its device thread, where the same Python costs several
+    times more). ``needs``: ``ctx.needs_input_grad`` (x, weight, bias first). A tuple of
 
-    * the launches, in order, as ``(plan, operands)``: 0 ``"fused"``/``"dx_rows"``, 1 ``"dx"``,
-      2 ``"dwdb"``, 3 ``"sum"`` (the operands of :func:`_backward_launches`);
-    * the partial sums' elements (0: no dweight, no dbias);
-    * the gradients' shape, the normalised one (an int for one dim: cheaper to pass);
-    * where dbias (or its placeholder) comes from: 0 like the weight, 1 like ``mean`` (the
-      arithmetic type), else allocated in its dtype, which follows;
-    * ``need_dx``, ``need_dw``, ``need_db``.
+    * the launches for a contiguous gradient: ``(rows ("fused" or "dx_rows": dx and the
+      partial sums), "dx", "dwdb", "sum", the partial sums' elements)``, None where not
+      launched (the partial sums' elements 0 without "sum");
+    * ``need_dx``, ``need_dw``, ``need_db``;
+    * ``norm_ndim`` and the bias's dtype (None: no bias), for the registered op's backward.
 
-    Kept by its arguments (one lookup: the general eager path, autocast's, works it out at
-    every call)."""
+    Kept per signature: the general path (the first call, autocast's casts) asks at each call."""
+    need_dx, need_dw, need_db = needs[0], needs[1], needs[2]
+    key = (n_rows, n_cols, norm_ndim, x.dtype, weight.dtype if weight is not None else None,
+           bias.dtype if bias is not None else None, need_dx, need_dw, need_db, x.device)
+    return _KEPT_BACKWARDS.found(TUNING, key, lambda: _make_kept_backward(
+        x, weight, bias.dtype if bias is not None else None, n_rows, n_cols, norm_ndim,
+        (need_dx, need_dw, need_db)))
+
+
+def _make_kept_backward(x, weight, bias_dtype, n_rows, n_cols, norm_ndim, need) -> tuple:
+    """:func:`_kept_backward`'s tuple, made once."""
     dw_dtype, db_dtype = _grad_dtypes(x, weight, bias_dtype)
-    w_dtype = weight.dtype if weight is not None else None
-    # The normalised shape stands for n_cols too (its product).
-    grad_shape = n_cols if norm_ndim == 1 else tuple(x.shape[x.dim() - norm_ndim:])
-    return _PLANNED_BACKWARDS.found(
-        TUNING, (n_rows, grad_shape, x.dtype, w_dtype, dw_dtype, db_dtype, need, x.device),
-        lambda: _plan_backward(n_rows, n_cols, grad_shape, x.dtype, w_dtype, dw_dtype,
-                               db_dtype, need, x.device))
-
-
-def _plan_backward(n_rows, n_cols, grad_shape, dtype, w_dtype, dw_dtype, db_dtype, need,
-                   device):
-    """:func:`_planned_backward`'s tuple (``w_dtype``: None without a weight)."""
     n_partials, launches = _find_backward_plan(
-        n_rows, n_cols, dtype, dtype, w_dtype if w_dtype is not None else dtype, dw_dtype,
-        db_dtype, w_dtype is not None, need, device)
-    operands = {"fused": 0, "dx_rows": 0, "dx": 1, "dwdb": 2, "sum": 3}
+        n_rows, n_cols, x.dtype, x.dtype, (weight if weight is not None else x).dtype, dw_dtype,
+        db_dtype, weight is not None, need, x.device)
     need_dx, need_dw, need_db = need
-    db_like = 0 if db_dtype == w_dtype else 1 if db_dtype == stats_dtype(dtype) else 2
-    return (tuple([(launch, operands[name]) for name, launch in launches.items()]),
-            (need_dw + need_db) * n_partials * n_cols, grad_shape, db_like, db_dtype,
-            need_dx, need_dw, need_db)
+    summed = launches.get("sum")
+    return ((launches.get("fused") or launches.get("dx_rows"), launches.get("dx"),
+             launches.get("dwdb"), summed,
+             (need_dw + need_db) * n_partials * n_cols if summed is not None else 0),
+            need_dx, need_dw, need_db, norm_ndim, bias_dtype)
 
 
-#: :func:`_planned_backward`'s tuples by its arguments.
-_PLANNED_BACKWARDS = SignatureCache()
+#: :func:`_kept_backward`'s tuples by its arguments.
+_KEPT_BACKWARDS = SignatureCache()
 
 
 def launch_planned_forward(plan, x, weight, bias, n_rows: int):
     """``(y, mean, rstd)`` of contiguous ``x`` (its rows the normalised ones) with a kept forward
-    plan: the outputs allocated, the plan launched (the eager paths of :func:`layer_norm` and
-    of layer_norm_linear)."""
+    plan (:func:`forward_plan`): the outputs allocated, the plan launched (layer_norm_linear's
+    eager path)."""
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
     mean = x.new_empty(n_rows, dtype=stats_dtype(x.dtype))
     rstd = mean.new_empty(n_rows)  # mean's dtype, without one to parse (cheaper)
@@ -257,88 +257,96 @@ def launch_planned_forward(plan, x, weight, bias, n_rows: int):
     return y, mean, rstd
 
 
-def _layer_norm_forward_planned(ctx, x, weight, bias, ready, _eps):
+def _layer_norm_forward_kept(ctx, x, weight, bias, ready):
     """The eager autograd forward of a kept signature (:func:`layer_norm`'s ``RECORD`` path):
-    :func:`layer_norm_forward` and :func:`_layer_norm_setup_context` with the plans kept for
-    it (the backward's by which inputs need a gradient, found at the first such call)."""
-    norm_ndim, _, n_rows, plan, backward_plans = ready[:5]
-    y, mean, rstd = launch_planned_forward(plan, x, weight, bias, n_rows)
-    ctx.mark_non_differentiable(mean, rstd)
-    ctx.set_materialize_grads(False)
-    ctx.save_for_backward(x, weight, mean, rstd)
-    ctx.norm_ndim = norm_ndim
-    ctx.bias_dtype = bias_dtype = bias.dtype if bias is not None else None
-    need = ctx.needs_input_grad  # the whole tuple as the key: no slice to build
-    planned = backward_plans.get(need)
-    if planned is None:
-        planned = backward_plans[need] = _planned_backward(
-            x, weight, bias_dtype, n_rows, x.numel() // n_rows, tuple(need[:3]), norm_ndim)
-    ctx.backward_plan = planned
-    return y, mean, rstd
-
-
-def _layer_norm_backward_planned(planned, dy, x, weight, mean, rstd):
-    """The eager backward with the plan worked out in the forward (:func:`_planned_backward`;
-    contiguous ``dy`` of x's dtype and device): autograd's gradients from allocations and
-    ``launch_eager`` launches only. On autograd's device thread an allocation costs
-    microseconds, so fewer than :func:`_backward_launches` makes: none for what is not asked
-    for, and each from a tensor of its dtype (no dtype to parse) in its final shape (no
-    reshape)."""
-    launches, n_partial, grad_shape, db_like, db_dtype, need_dx, need_dw, need_db = planned
-    dx = torch.empty_like(x) if need_dx else x  # x: a placeholder of dx's dtype, never written
-    if n_partial:
-        partials = mean.new_empty(n_partial)  # mean: of the partial sums' dtype
-        # A sum not asked for gets a placeholder of its dtype (as the registered op passes,
-        # so the same compiled kernel), never written.
-        if need_dw:  # dweight in the weight's dtype
-            dw = weight.new_empty(grad_shape)
-        else:
-            dw = weight if weight is not None else mean
-        if db_like == 0:
-            db = weight.new_empty(grad_shape) if need_db else weight
-        elif db_like == 1:
-            db = mean.new_empty(grad_shape) if need_db else mean
-        else:
-            db = x.new_empty(grad_shape if need_db else 0, dtype=db_dtype)
+    :func:`layer_norm_forward` and :func:`_layer_norm_setup_context` with the plans kept for it
+    (the backward's by which inputs need a gradient, found at the first such call). Its one
+    output is y: the statistics are saved, not returned (two outputs less for autograd to
+    wrap, and no gradients of theirs for the backward to be given)."""
+    plan, _, n_rows, stats, y_like_x, kept_by_needs, norm_ndim, n_cols = ready
+    # x's strides are the contiguous ones (y_like_x): empty_like keeps them, without the memory
+    # format to parse.
+    y = (torch.empty_like(x) if y_like_x
+         else torch.empty_like(x, memory_format=torch.contiguous_format))
+    mean = x.new_empty(n_rows, dtype=stats)
+    rstd = mean.new_empty(n_rows)  # mean's dtype, without one to parse (cheaper)
+    guard = runtime.device_guard(x)
+    if guard is _SAME_DEVICE:  # entering the no-op context costs two calls
+        plan.launch_eager(x, weight if weight is not None else x,
+                          bias if bias is not None else x, y, mean, rstd)
     else:
-        partials = dw = db = mean  # never read or written
-    w = weight if weight is not None else x  # never read when HAS_WEIGHT is off
-    for launch, operands in launches:
-        if operands == 0:  # "fused", "dx_rows" (the sums not written)
-            launch.launch_eager(dy, x, w, mean, rstd, dx, partials)
-        elif operands == 3:  # "sum"
-            launch.launch_eager(partials, partials, dw, db)
-        elif operands == 1:  # "dx"
-            launch.launch_eager(dy, x, w, mean, rstd, dx)
-        else:  # "dwdb"
-            launch.launch_eager(dy, x, mean, rstd, partials)
-    return dx if need_dx else None, dw if need_dw else None, db if need_db else None, None, None
+        with guard:
+            plan.launch_eager(x, weight if weight is not None else x,
+                              bias if bias is not None else x, y, mean, rstd)
+    ctx.save_for_backward(x, weight, mean, rstd)
+    needs = ctx.needs_input_grad  # the whole tuple as the key: no slice to build
+    kept = kept_by_needs.get(needs)
+    if kept is None:
+        kept = kept_by_needs[needs] = _kept_backward(x, weight, bias, n_rows, n_cols, norm_ndim,
+                                                     needs)
+    ctx.kept = kept
+    ctx.bias = bias  # dbias is allocated like it (and it stands in for dbias not asked for)
+    return y
+
+
+#: What :func:`runtime.device_guard` gives for a tensor on the current device (a CPU tensor is
+#: one): the context that switches nothing.
+_SAME_DEVICE = runtime.device_guard(torch.empty(0))
+
+
+def _layer_norm_backward_kept(ctx, dy):
+    """``(dx, dweight, dbias, None)`` (None where not needed): the kept launches (ctx.kept, see
+    :func:`_kept_backward`) for a contiguous ``dy`` in an eager backward, else the registered
+    op. Autograd hands a backward the gradient of y's dtype and device (its engine casts one of
+    another dtype and refuses another device first), and runs a CUDA backward on its device
+    thread, already on x's device. Each gradient comes from one allocation in its final shape;
+    one not asked for is None, and a kernel operand that stands in for it has its dtype (the
+    same compiled kernel as the op's)."""
+    launches, need_dx, need_dw, need_db, norm_ndim, bias_dtype = ctx.kept
+    x, weight, mean, rstd = ctx.saved_tensors
+    if launches is not None and dy.is_contiguous() and runtime.eager_backward():
+        rows, dx_chunked, dwdb, summed, n_partial = launches
+        dx = torch.empty_like(x) if need_dx else x  # x stands in for dx: never written
+        w = weight if weight is not None else x  # never read when HAS_WEIGHT is off
+        if summed is None:  # dx alone: mean stands in for the partial sums (never written)
+            if rows is not None:
+                rows.launch_eager(dy, x, w, mean, rstd, dx, mean)
+            else:
+                dx_chunked.launch_eager(dy, x, w, mean, rstd, dx)
+            return dx, None, None, None
+        # The partial sums, flat (of dweight, then of dbias), in mean's dtype.
+        partials = mean.new_empty(n_partial)
+        bias = ctx.bias
+        dw = torch.empty_like(weight) if need_dw else weight if weight is not None else mean
+        db = torch.empty_like(bias) if need_db else bias if bias is not None else mean
+        if rows is not None:  # "dx_rows" (need_dx) does not write the partial sums
+            rows.launch_eager(dy, x, w, mean, rstd, dx, partials)
+        elif dx_chunked is not None:
+            dx_chunked.launch_eager(dy, x, w, mean, rstd, dx)
+        if dwdb is not None:
+            dwdb.launch_eager(dy, x, mean, rstd, partials)
+        summed.launch_eager(partials, partials, dw, db)
+        return dx if need_dx else None, dw if need_dw else None, db if need_db else None, None
+    dx, dw, db = layer_norm_backward(dy, x, weight, mean, rstd, norm_ndim, need_dx, need_dw,
+                                     need_db, bias_dtype)
+    if norm_ndim > 1:  # the kernels return flat dweight/dbias (empty when not needed)
+        norm_shape = x.shape[x.dim() - norm_ndim:]
+        dw = dw.view(norm_shape) if need_dw else None
+        db = db.view(norm_shape) if need_db else None
+    return dx if need_dx else None, dw if need_dw else None, db if need_db else None, None
 
 
 def _layer_norm_backward_autograd(ctx, dy, _dmean, _drstd):
     if dy is None:  # y did not reach the loss (grads are not materialised, see setup_context)
         return None, None, None, None, None
-    x, weight, mean, rstd = ctx.saved_tensors
-    planned = ctx.backward_plan
-    if (planned is not None and dy.dtype is x.dtype and dy.is_contiguous()
-            and dy.device == x.device and runtime.eager_backward()):
-        # Autograd runs a CUDA backward on its device thread, already on x's device.
-        return _layer_norm_backward_planned(planned, dy, x, weight, mean, rstd)
-    need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
-    dx, dw, db = layer_norm_backward(
-        dy, x, weight, mean, rstd, ctx.norm_ndim, need_dx, need_dw, need_db, ctx.bias_dtype
-    )
-    if ctx.norm_ndim > 1:  # the kernels return flat dweight/dbias (empty when not needed)
-        norm_shape = x.shape[x.dim() - ctx.norm_ndim :]
-        dw = dw.view(norm_shape) if need_dw else None
-        db = db.view(norm_shape) if need_db else None
-    return dx if need_dx else None, dw if need_dw else None, db if need_db else None, None, None
+    return (*_layer_norm_backward_kept(ctx, dy), None)  # no gradient for norm_ndim, eps
 
 
 layer_norm_forward.register_autograd(
     _layer_norm_backward_autograd, setup_context=_layer_norm_setup_context
 )
-layer_norm_forward.register_planned_forward(_layer_norm_forward_planned)
+# The kept Function has a backward of its own: one output, so one gradient.
+layer_norm_forward.register_planned_forward(_layer_norm_forward_kept, _layer_norm_backward_kept)
 
 
 # --------------------------------------------------------------------------------------------
@@ -359,36 +367,41 @@ def layer_norm(
     a deterministic ``dweight``/``dbias``, and traceable by ``torch.compile``."""
     path = layer_norm_forward.eager_path(x, weight, bias)
     if path:  # an eager call of layouts seen before: straight to the launch
-        try:
-            ready = _READY.under(TUNING).get(_ready_key(x, normalized_shape, weight, bias, eps))
+        try:  # _READY.under(TUNING) inline: kept under another tuning, nothing is found
+            ready = _READY.get(_ready_key(x, normalized_shape, weight, bias, eps)
+                               ) if _READY.tuning is TUNING else None
         except UNKEYABLE:
             ready = None
         if ready is not None:
             if path == RECORD:
-                return layer_norm_forward.record_planned(x, weight, bias, ready, eps)[0]
-            _, _, n_rows, plan, _, stats, y_like_x = ready
-            # x's strides are the contiguous ones (y_like_x): empty_like keeps them, without
-            # the memory format to parse.
-            y = (torch.empty_like(x) if y_like_x
+                return layer_norm_forward.record_planned(x, weight, bias, ready)
+            # No autograd: no statistics kept, so the launch that writes none (y stands in for
+            # them), and y the one allocation. ready: see _READY.
+            y = (torch.empty_like(x) if ready[4]
                  else torch.empty_like(x, memory_format=torch.contiguous_format))
-            # No autograd: the statistics are not kept, and the kernels only write them (never
-            # read them back), so one buffer takes both: an allocation less.
-            unkept = x.new_empty(n_rows, dtype=stats)
-            with runtime.device_guard(x):
-                plan.launch_eager(x, weight if weight is not None else x,
-                                  bias if bias is not None else x, y, unkept, unkept)
+            guard = runtime.device_guard(x)
+            if guard is _SAME_DEVICE:
+                ready[1].launch_eager(x, weight if weight is not None else x,
+                                      bias if bias is not None else x, y, y, y)
+            else:
+                with guard:
+                    ready[1].launch_eager(x, weight if weight is not None else x,
+                                          bias if bias is not None else x, y, y, y)
             return y
     norm_ndim, checked_eps = _CALLS.checked(_call_key, _check_args, x, normalized_shape, weight,
                                             bias, eps)
     y, _, _ = layer_norm_forward(x, weight, bias, norm_ndim, checked_eps)
     n_rows, n_cols = rows_cols(x, norm_ndim)
-    if path and n_rows and n_cols and x.is_contiguous() and all(
-            t is None or t.is_contiguous() for t in (weight, bias)):
-        plan = forward_plan(n_rows, n_cols, checked_eps, x, weight, bias)
+    if path and n_rows and n_cols and all(
+            t is None or t.is_contiguous() for t in (x, weight, bias)):
+        dtypes = (x.dtype, (weight if weight is not None else x).dtype,
+                  (bias if bias is not None else x).dtype)
+        plans = [_find_forward_plan(n_rows, n_cols, checked_eps, dtypes, weight is not None,
+                                    bias is not None, store_stats) for store_stats in (True, False)]
         _READY.under(TUNING).remember(
             _ready_key(x, normalized_shape, weight, bias, eps),
-            (norm_ndim, checked_eps, n_rows, plan, {}, stats_dtype(x.dtype),
-             y.stride() == x.stride()))
+            (*plans, n_rows, stats_dtype(x.dtype), y.stride() == x.stride(), {}, norm_ndim,
+             n_cols))
     return y
 
 
@@ -421,9 +434,10 @@ def _ready_key(x, normalized_shape, weight, bias, eps):
             (bias.stride(), *layout_key(bias)) if bias is not None else None, eps, type(eps))
 
 
-#: Eager calls' :func:`_ready_key` -> ``(norm_ndim, eps, rows, the forward's plan, the
-#: backward's by which inputs need a gradient, the statistics' dtype, whether x's strides are
-#: the contiguous ones)`` for contiguous operands that were checked.
+#: Eager calls' :func:`_ready_key` -> ``(the forward's plan, the one that writes no statistics,
+#: rows, the statistics' dtype, whether empty_like(x) is laid out as y (x's strides are the
+#: contiguous ones), {ctx.needs_input_grad: the backward's kept launches (_kept_backward)},
+#: norm_ndim, columns)`` for contiguous operands that were checked.
 _READY = SignatureCache()
 
 

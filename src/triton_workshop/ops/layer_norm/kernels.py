@@ -28,10 +28,11 @@ import triton.language as tl
 def layer_norm_fwd_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
     n_rows, n_cols, eps: tl.float64,
-    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_STATS: tl.constexpr,
     ACC: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
 ):
-    """Single-block forward: ``ROWS`` whole rows per program."""
+    """Single-block forward: ``ROWS`` whole rows per program (``STORE_STATS`` off: no
+    ``mean``/``rstd`` written, for a call that keeps none)."""
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
     row_mask = rows < n_rows
@@ -56,8 +57,9 @@ def layer_norm_fwd_kernel(
     if HAS_BIAS:
         y = y + tl.load(b_ptr + cols, mask=col_mask, other=0.0).to(ACC)[None, :]
     tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
-    tl.store(mean_ptr + rows, mean, mask=row_mask)
-    tl.store(rstd_ptr + rows, rstd, mask=row_mask)
+    if STORE_STATS:
+        tl.store(mean_ptr + rows, mean, mask=row_mask)
+        tl.store(rstd_ptr + rows, rstd, mask=row_mask)
 
 
 @triton.jit
@@ -77,7 +79,7 @@ def _chunk_moments(x_row, start, n_cols, shift, ACC: tl.constexpr, BLOCK_N: tl.c
 def layer_norm_fwd_chunked_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
     n_cols, eps: tl.float64,
-    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_STATS: tl.constexpr,
     ACC: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """Forward for long rows: one row per program, statistics pass then normalising pass."""
@@ -99,8 +101,9 @@ def layer_norm_fwd_chunked_kernel(
         m2 += chunk_m2 + delta * delta * (count * chunk_count / total)
         count = total
     rstd = 1.0 / tl.sqrt(m2 / n_cols + tl.full([], eps, ACC))
-    tl.store(mean_ptr + row, shift + mean)
-    tl.store(rstd_ptr + row, rstd)
+    if STORE_STATS:
+        tl.store(mean_ptr + row, shift + mean)
+        tl.store(rstd_ptr + row, rstd)
 
     for start in range(0, n_cols, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)

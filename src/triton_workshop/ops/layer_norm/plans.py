@@ -79,11 +79,13 @@ class LayerNormTuning:
 
 @plan_cache()
 def forward_launch(n_rows, n_cols, eps, dtypes, has_weight, has_bias,
-                  tuning: LayerNormTuning) -> LaunchPlan:
-    """The forward's launch (``dtypes``: of x, weight and bias as launched). Cached: the same few
-    shapes come back every step, and on a slow host working this out costs as much as a
+                  tuning: LayerNormTuning, store_stats: bool = True) -> LaunchPlan:
+    """The forward's launch (``dtypes``: of x, weight and bias as launched; ``store_stats``
+    off: ``mean`` and ``rstd`` are not written, their operands only stand in). Cached: the same
+    few shapes come back every step, and on a slow host working this out costs as much as a
     launch."""
-    consts = dict(HAS_WEIGHT=has_weight, HAS_BIAS=has_bias, ACC=acc_dtype(dtypes[0]))
+    consts = dict(HAS_WEIGHT=has_weight, HAS_BIAS=has_bias, STORE_STATS=store_stats,
+                  ACC=acc_dtype(dtypes[0]))
     if n_cols <= tuning.single_block_max_cols:
         tile = row_tile(n_cols, n_rows, tile_elems=tuning.tile_elems,
                         max_rows=tuning.max_rows_per_program)

@@ -5,7 +5,8 @@ epilogue's dropout mask from its seed; its products, with no epilogue to fuse, a
 and the public :func:`matmul` and :func:`linear`. The
 tuning object (:class:`MatmulTuning`, :data:`TUNING`) is in :mod:`.tuning`; the launcher other
 families call (:func:`launch_matmul`) in :mod:`.product`, with the operands' layout in
-:mod:`.operands` and Hopper's TMA path in :mod:`.tma`; dropout's backward in :mod:`.dropout`. The
+:mod:`.operands` and Hopper's TMA path in :mod:`.tma`; dropout's backward in :mod:`.dropout`, the
+backward's products in :mod:`.grads`. The
 kernels are in :mod:`.kernels`; why they look as they do (tiles, grouped ordering, ragged shapes,
 TF32, the backward, dropout) is told in docs/kernels/matmul.md.
 """
@@ -16,6 +17,7 @@ import numbers
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 
 from ... import runtime
 from ...runtime import FLOAT_DTYPES, register_op
@@ -27,9 +29,10 @@ from .._common import (
     join_family,
     layout_key,
 )
-from . import dropout, kernels, operands, product, tma, tuning
+from . import dropout, grads, kernels, operands, product, tma, tuning
 from .dropout import dropout_keep_mask as dropout_keep_mask
 from .dropout import dropout_scaled, matmul_dropout_backward
+from .grads import bias_grad, column_major, products
 from .kernels import (
     CONFIGS,
     MAX_BLOCK,
@@ -129,7 +132,7 @@ def _matmul(
 # Z = A B + bias), cuBLAS runs them faster than our Triton GEMM (80-90% of it on an H100/H200),
 # and a C++ torch call on autograd's device thread costs less host time than a Triton launch
 # from Python. The same calls run on the CPU (interpreter mode) and under torch.compile (which
-# traces them), so the tests see the GPU's backward.
+# traces them), so the tests see the GPU's backward. The products are in :mod:`.grads`.
 # --------------------------------------------------------------------------------------------
 def _needs_preactivation(activation: str, slope: float) -> bool:
     # ReLU and leaky ReLU with slope >= 0 keep the sign of their input: out > 0 exactly when
@@ -153,8 +156,13 @@ def _matmul_setup_context(ctx, inputs, output):
                           seed if dropout_p > 0 else None)
 
 
-def _preactivation(a, b, bias):
-    """``Z = a @ b + bias`` in a's dtype, by torch (see the section's note)."""
+def _preactivation(a, b, bias, linear: bool = False):
+    """``Z = a @ b + bias`` in a's dtype, by torch (see the section's note); for ``linear``
+    (a kept linear's operands: ``b`` is the weight) ``Z = a @ b.T + bias``."""
+    if linear:
+        if bias is None or bias.dtype is a.dtype:
+            return F.linear(a, b, bias)
+        return F.linear(a, b).add_(bias)
     if a.dim() == 2 and b.dim() == 2:
         if bias is None:
             return torch.mm(a, b)
@@ -165,15 +173,14 @@ def _preactivation(a, b, bias):
     return z if bias is None else z.add_(bias)
 
 
-def _preactivation_grad(ctx, grad, a, b, bias, out):
-    activation, slope = ctx.activation, ctx.slope
+def _preactivation_grad(activation, slope, grad, a, b, bias, out, linear: bool = False):
     if activation == "none":
         return grad
     if not _needs_preactivation(activation, slope):
         negative_side = grad * slope if activation == "leaky_relu" else 0.0
         return torch.where(out > 0, grad, negative_side)
     # Recompute Z = A @ B + bias instead of having saved it (docs/kernels/matmul.md, Autograd).
-    z = _preactivation(a, b, bias)
+    z = _preactivation(a, b, bias, linear)
     if activation == "gelu":
         return torch.ops.aten.gelu_backward(grad, z, approximate="tanh")
     return torch.where(z > 0, grad, grad * slope)
@@ -184,80 +191,99 @@ def _matmul_backward(ctx, grad):
     if ctx.dropout_p > 0:
         # The mask is redrawn from the seed, never stored (see dropout_scale_kernel).
         grad = matmul_dropout_backward(grad, seed, ctx.dropout_p)
-    grad_z = _preactivation_grad(ctx, grad, a, b, bias, out)
+    grad_z = _preactivation_grad(ctx.activation, ctx.slope, grad, a, b, bias, out)
     needs = ctx.needs_input_grad
-    grad_a, grad_b = _products(grad_z, a, b, needs[0], needs[1])
-    grad_bias = None
-    if bias is not None and needs[2]:
-        rows = 0 if grad_z.dim() == 2 else tuple(range(grad_z.dim() - 1))
-        grad_bias = grad_z.sum(dim=rows, dtype=torch.float32)
-        if bias.dtype is not torch.float32:
-            grad_bias = grad_bias.to(bias.dtype)
+    grad_a, grad_b = products(grad_z, a, b, needs[0], needs[1])
+    grad_bias = bias_grad(grad_z, bias) if bias is not None and needs[2] else None
     return grad_a, grad_b, grad_bias, None, None, None, None
 
 
-def _column_major(t) -> bool:
-    stride = t.stride()
-    return stride[0] == 1 and stride[1] != 1
+class _Kept:
+    """What an eager repeat of a checked call signature needs, kept for it (:func:`_kept`): the
+    product's plan, the output's shape, the epilogue, whether the backward keeps the output;
+    for :func:`linear` whether x and the weight are launched as they are (``linear``: the plan's
+    rows are a 2-D view of x and its ``b`` the weight's transpose, read through its strides) and
+    how the gradients are laid out."""
+
+    __slots__ = ("activation", "grad_w_transposed", "grad_x_transposed", "keep_output", "linear",
+                 "plan", "shape", "slope")
+
+    def __init__(self, plan, shape, activation, slope, linear, rows, weight_t):
+        self.plan, self.shape, self.linear = plan, shape, linear
+        self.activation, self.slope = activation, slope
+        self.keep_output = activation != "none" and not _needs_preactivation(activation, slope)
+        # As _grad_a and _grad_b lay them out: each gradient as its operand.
+        self.grad_x_transposed = linear and column_major(rows)
+        self.grad_w_transposed = linear and not column_major(weight_t)
 
 
-# Each gradient is laid out as its operand: for linear's b = weight.t() (column-major) dB is
-# computed as (dZᵀ A)ᵀ, the same GEMM with other transpose flags, so that the gradient autograd
-# hands the weight is row-major as the weight and is kept without a copy.
-def _grad_a(grad_z, a, b):
-    """dA = dZ Bᵀ (2-D), laid out as ``a``."""
-    return torch.mm(b, grad_z.t()).t() if _column_major(a) else torch.mm(grad_z, b.t())
+def _kept(a, b, out, bias, activation: str, slope: float, x=None):
+    """The :class:`_Kept` of a product of checked operands that ran (``out``), or False where
+    it takes launch_matmul's general path (copies, TMA) or launches nothing (an empty result,
+    K = 0). ``x``: linear's input, whose rows ``a`` are (``b`` the weight's transpose)."""
+    if not out.numel() or not a.shape[-1]:
+        return False
+    plan = product_plan(a, b, out, bias, activation, slope)
+    if plan is None:
+        return False
+    # linear's x is launched as it is where its rows are a 2-D view of it (not a copy, not a
+    # batch): the kernel reads only its address, the strides are the plan's.
+    linear = x is not None and a.dim() == 2 and a.data_ptr() == x.data_ptr()
+    shape = (*x.shape[:-1], b.shape[1]) if linear else tuple(out.shape)
+    return _Kept(plan, shape, activation, slope, linear, a, b)
 
 
-def _grad_b(grad_z, a, b):
-    """dB = Aᵀ dZ (2-D), laid out as ``b``."""
-    return torch.mm(grad_z.t(), a).t() if _column_major(b) else torch.mm(a.t(), grad_z)
-
-
-def _products(grad_z, a, b, need_a: bool, need_b: bool):
-    """dA = dZ Bᵀ and dB = Aᵀ dZ, each summed over the batch its operand was broadcast across."""
-    if a.dim() == 2 and b.dim() == 2:  # no batch to broadcast or sum over
-        return (_grad_a(grad_z, a, b) if need_a else None,
-                _grad_b(grad_z, a, b) if need_b else None)
-    grad_a = grad_b = None
-    if need_a:
-        grad_a = torch.matmul(grad_z, b.transpose(-1, -2))
-        if grad_a.shape != a.shape:
-            grad_a = grad_a.sum_to_size(a.shape)
-    if need_b:
-        if a.dim() == 3 and (b.dim() == 2 or b.shape[0] == 1):
-            # b was shared by every batch: one (K, B*M) @ (B*M, N) product sums over the batch
-            # inside the GEMM's fp32 accumulator instead of materialising B partial gradients.
-            # Explicit row counts: reshape(-1, 0) is ambiguous when K or N is 0.
-            K, N = b.shape[-2:]
-            rows = a.shape[0] * a.shape[1]
-            grad_b = _grad_b(grad_z.reshape(rows, N), a.reshape(rows, K),
-                             b if b.dim() == 2 else b[0])
-            if b.dim() == 3:
-                grad_b = grad_b.unsqueeze(0)
-        else:
-            grad_b = torch.matmul(a.transpose(-1, -2), grad_z)
-            if grad_b.shape != b.shape:
-                grad_b = grad_b.sum_to_size(b.shape)
-    return grad_a, grad_b
-
-
-def _matmul_forward_planned(ctx, a, b, bias, ready, slope):
-    """The eager autograd forward of a kept signature (:func:`_launch_ready`'s ``RECORD``
-    path): :func:`_matmul` and :func:`_matmul_setup_context` with the product's kept plan."""
-    activation, _, shape, plan, keep_output = ready
-    out = a.new_empty(shape)
-    with runtime.device_guard(a):  # bias and seed placeholders: out (never read)
-        plan.launch_eager(a, b, out, bias if bias is not None else out, out)
-    ctx.activation = activation
-    ctx.slope = slope
-    ctx.dropout_p = 0.0
-    ctx.save_for_backward(a, b, bias, out if keep_output else None, None)
+def _matmul_forward_planned(ctx, a, b, bias, kept):
+    """The eager autograd forward of a kept signature (``RECORD``): :func:`_matmul` and
+    :func:`_matmul_setup_context` with the kept plan; for a linear one ``a`` is x and ``b`` the
+    weight, as the public function got them (:func:`_matmul_backward_planned`)."""
+    out = a.new_empty(kept.shape)
+    guard = runtime.device_guard(a)  # bias and seed placeholders: out (never read)
+    if guard is _SAME_DEVICE:  # entering the no-op context costs two calls
+        kept.plan.launch_eager(a, b, out, bias if bias is not None else out, out)
+    else:
+        with guard:
+            kept.plan.launch_eager(a, b, out, bias if bias is not None else out, out)
+    ctx.kept = kept
+    ctx.save_for_backward(a, b, bias, out if kept.keep_output else None)
     return out
 
 
+def _matmul_backward_planned(ctx, grad):
+    """The backward of :func:`_matmul_forward_planned`: the op's, and for a linear signature
+    the gradients of x (any rank) and the weight as F.linear's backward makes them."""
+    a, b, bias, out = ctx.saved_tensors
+    kept = ctx.kept
+    linear = kept.linear
+    grad_z = _preactivation_grad(kept.activation, kept.slope, grad, a, b, bias, out, linear)
+    needs = ctx.needs_input_grad
+    if not linear:
+        grad_a, grad_b = products(grad_z, a, b, needs[0], needs[1])
+        grad_bias = bias_grad(grad_z, bias) if bias is not None and needs[2] else None
+        return grad_a, grad_b, grad_bias, None
+    # Linear: a is x (..., K), b the weight (N, K), grad_z (..., N).
+    rows_of = grad_z if grad_z.dim() == 2 else grad_z.reshape(-1, b.shape[0])
+    grad_x = grad_w = grad_bias = None
+    if needs[0]:
+        grad_x = (torch.mm(b.t(), rows_of.t()).t() if kept.grad_x_transposed
+                  else torch.mm(rows_of, b))
+        if a.dim() != 2:
+            grad_x = grad_x.reshape(a.shape)
+    if needs[1]:
+        x_rows = a if a.dim() == 2 else a.reshape(-1, b.shape[1])
+        grad_w = (torch.mm(x_rows.t(), rows_of).t() if kept.grad_w_transposed
+                  else torch.mm(rows_of.t(), x_rows))
+    if bias is not None and needs[2]:
+        grad_bias = bias_grad(rows_of, bias)
+    return grad_x, grad_w, grad_bias, None
+
+
+#: What :func:`runtime.device_guard` gives for a tensor on the current device (a CPU tensor is
+#: one): the context that switches nothing.
+_SAME_DEVICE = runtime.device_guard(torch.empty(0))
+
 _matmul.register_autograd(_matmul_backward, setup_context=_matmul_setup_context)
-_matmul.register_planned_forward(_matmul_forward_planned)
+_matmul.register_planned_forward(_matmul_forward_planned, _matmul_backward_planned)
 
 
 # --------------------------------------------------------------------------------------------
@@ -333,55 +359,49 @@ def matmul(
     ``"gelu"`` (tanh approximation). Differentiable in ``a``, ``b`` and ``bias``.
     """
     path = _matmul.eager_path(a, b, bias)
-    key = ready = None
+    key = kept = None
     if path:  # an eager call of layouts seen before: straight to the launch
         try:
             key = (a.shape, a.stride(), a.storage_offset() & 15, a.dtype, a.device, a.layout,
                    b.shape, b.stride(), b.storage_offset() & 15, b.dtype, b.device, b.layout,
                    None if bias is None else (bias.shape, bias.stride(), *layout_key(bias)[1:]),
                    activation, type(activation), leaky_relu_slope, type(leaky_relu_slope),
-                   tf32_enabled())
-            ready = _READY.under(TUNING).get(key)
+                   a.dtype is _FP32 and tf32_enabled())
+            # _READY.under(TUNING) inline: kept under another tuning, nothing is found.
+            kept = _READY.get(key) if _READY.tuning is TUNING else None
         except UNKEYABLE:
-            key = ready = None
-        if ready:
-            return _launch_ready(path, ready, a, b, bias)
+            key = kept = None
+        if kept:
+            return _launch_kept(path, kept, a, b, bias)
     op_activation = _check_matmul_args(a, b, bias, activation, leaky_relu_slope)
     slope = float(leaky_relu_slope)
     out = _matmul(a, b, bias, op_activation, slope)
-    if key is not None and ready is None:  # not False: a product of the general path
-        _READY.remember(key, _ready(a, b, out, bias, op_activation, slope))
+    if key is not None and kept is None:  # not False: a product of the general path
+        _READY.under(TUNING).remember(key, _kept(a, b, out, bias, op_activation, slope))
     return out
 
 
-def _ready(a, b, out, bias, activation: str, slope: float):
-    """What a repeated eager product of these operands' layouts needs (:func:`_launch_ready`):
-    ``(activation, slope, out's shape, the product's plan, whether the backward keeps the
-    output)`` (no plans for the backward: its products are torch's); False where the product
-    takes launch_matmul's general path (copies, TMA) or launches nothing (an empty result,
-    K = 0)."""
-    if not out.numel() or not a.shape[-1]:
-        return False
-    plan = product_plan(a, b, out, bias, activation, slope)
-    if plan is None:
-        return False
-    keep_output = activation != "none" and not _needs_preactivation(activation, slope)
-    return activation, slope, out.shape, plan, keep_output
+_FP32 = torch.float32
 
 
-def _launch_ready(path, ready, a, b, bias) -> torch.Tensor:
-    """The product of checked operands of a kept signature (:func:`_ready`): its plan launched,
-    or its autograd Function applied with it (``path`` ``RECORD``)."""
+def _launch_kept(path, kept, a, b, bias) -> torch.Tensor:
+    """The product of checked operands of a kept signature (:class:`_Kept`; for a linear one
+    x and the weight): its plan launched, or (``path`` ``RECORD``) its autograd Function applied
+    with it."""
     if path == runtime.RECORD:
-        return _matmul.record_planned(a, b, bias, ready, ready[1])
-    out = a.new_empty(ready[2])
-    with runtime.device_guard(a):  # bias and seed placeholders: out (never read)
-        ready[3].launch_eager(a, b, out, bias if bias is not None else out, out)
+        return _matmul.record_planned(a, b, bias, kept)
+    out = a.new_empty(kept.shape)
+    guard = runtime.device_guard(a)  # bias and seed placeholders: out (never read)
+    if guard is _SAME_DEVICE:
+        kept.plan.launch_eager(a, b, out, bias if bias is not None else out, out)
+    else:
+        with guard:
+            kept.plan.launch_eager(a, b, out, bias if bias is not None else out, out)
     return out
 
 
 #: Eager products' layouts (everything the checks read, the strides and 16-byte offsets the
-#: plan depends on), epilogue and TF32 setting -> :func:`_ready`.
+#: plan depends on), epilogue and TF32 setting (fp32 operands) -> :func:`_kept`.
 _READY = SignatureCache()
 
 
@@ -413,45 +433,50 @@ def linear(
     """
     path = _matmul.eager_path(x, weight, bias)
     call = key = None
-    if not _is_compiling():
+    if path or not _is_compiling():
         # A call signature seen before was checked then: everything the checks read is in the
         # key (shapes, strides, dtypes, devices, layouts, the activation, the slope, dropout's
         # probability and their types), and what its kept product depends on (the 16-byte
-        # offsets, TF32).
+        # offsets, TF32 for fp32 operands).
         try:
             key = (x.shape, x.stride(), x.storage_offset() & 15, x.dtype, x.device, x.layout,
                    weight.shape, weight.stride(), weight.storage_offset() & 15, weight.dtype,
                    weight.device, weight.layout,
                    None if bias is None else (bias.shape, bias.stride(), *layout_key(bias)[1:]),
                    activation, leaky_relu_slope, type(leaky_relu_slope),
-                   dropout_p, type(dropout_p), tf32_enabled())
-            call = _LINEAR_CALLS.under(TUNING).get(key)
+                   dropout_p, type(dropout_p), x.dtype is _FP32 and tf32_enabled())
+            # _LINEAR_CALLS.under(TUNING) inline: kept under another tuning, nothing is found.
+            call = _LINEAR_CALLS.get(key) if _LINEAR_CALLS.tuning is TUNING else None
         except UNKEYABLE:  # not tensors, no strides: checked below
             key = None
+        if path and call is not None:
+            kept = call[4]
+            if kept and kept.linear:  # an eager call of a kept signature: x and weight as is
+                return _launch_kept(path, kept, x, weight, bias)
     checked = call is None
     if checked:
         call = (*_check_linear(x, weight, bias, activation, leaky_relu_slope, dropout_p), None)
-    op_activation, slope, rows_kind, p, ready = call
+    op_activation, slope, rows_kind, p, kept = call
     rows = x if rows_kind == _ROWS_AS_IS else x[None] if rows_kind == _ROWS_OF_VECTOR \
         else x.flatten(0, -2)
-    if ready and path:  # an eager call of a kept signature: straight to the launch
-        out = _launch_ready(path, ready, rows, weight.t(), bias)
+    weight_t = weight.t()
+    if kept and path:  # an eager call of a kept signature whose x is a batch, or copied
+        out = _launch_kept(path, kept, rows, weight_t, bias)
     else:
         # Dropout's two arguments only when it is on: the call without them is today's op call.
         dropout = (p, dropout_seed(x.device)) if p > 0 else ()
-        weight_t = weight.t()
         out = _matmul(rows, weight_t, bias, op_activation, slope, *dropout)
-        if key is not None and (checked or (ready is None and path and not p)):
-            # Kept: the checks' conclusions, and (eager, no dropout) the product's plans.
-            _LINEAR_CALLS.remember(key, (*call[:4], _ready(
-                rows, weight_t, out, bias, op_activation, slope) if path and not p else None))
+        if key is not None and (checked or (kept is None and path and not p)):
+            # Kept: the checks' conclusions, and (eager, no dropout) the product's plan.
+            _LINEAR_CALLS.under(TUNING).remember(key, (*call[:4], _kept(
+                rows, weight_t, out, bias, op_activation, slope, x) if path and not p else None))
     # 2-D, or 3-D run as a batched product: out has x's lead dims.
     return out if rows_kind == _ROWS_AS_IS else out.reshape(*x.shape[:-1], weight.shape[0])
 
 
 _is_compiling = torch.compiler.is_compiling
 #: linear's checked call signatures (see linear): what the checks concluded, and the kept
-#: product's :func:`_ready` (None: not known yet).
+#: product's :class:`_Kept` (None: not known yet; False: none, the general path).
 _LINEAR_CALLS = SignatureCache()
 #: How linear hands x to the product: as it is (2-D, or 3-D whose leading dims cannot merge
 #: without a copy: a batched product against the shared weight), as one row, or flattened.
@@ -533,5 +558,5 @@ class _MatmulPackage(FamilyPackage):
 
 
 #: The family's modules: a name set on the package is set in each of them that holds it.
-join_family(__name__, (tuning, kernels, operands, tma, product, dropout),
+join_family(__name__, (tuning, kernels, operands, tma, product, dropout, grads),
             {name: moved for name, (_, moved) in _MOVED.items()}, base=_MatmulPackage)

@@ -30,15 +30,7 @@ from typing import Optional
 import torch
 
 from ... import runtime
-from ...runtime import (
-    RECORD,
-    LaunchPlan,
-    acc_dtype,
-    chunk_tile,
-    plan_cache,
-    register_op,
-    row_tile,
-)
+from ...runtime import RECORD, LaunchPlan, register_op
 from .._common import (
     UNKEYABLE,
     SignatureCache,
@@ -49,10 +41,9 @@ from .._common import (
 from ..layer_norm import LayerNormTuning
 from .checks import CASTING_MODES as CASTING_MODES
 from .checks import checked as _checked
-from .kernels import rms_norm_fwd_chunked_kernel, rms_norm_fwd_kernel
-from .plans import BackwardPlan
+from .plans import BackwardPlan, kept_launches
 from .plans import backward_plan as _backward_plan
-
+from .plans import forward_plan as _forward_plan
 
 
 @dataclass(frozen=True)
@@ -130,43 +121,26 @@ def rms_norm_forward(
     r = residual.contiguous() if residual is not None else x  # never read without a residual
     w = weight.contiguous() if weight is not None else x  # never read without a weight
     plan = _find_forward_plan(n_rows, n_cols, eps, weight_offset, (x.dtype, w.dtype, y.dtype),
-                              residual is not None, weight is not None, casting_mode == "llama")
+                              residual is not None, weight is not None, casting_mode == "llama",
+                              True)
     with runtime.device_guard(x):
         plan.launch(x, r, w, y, total if residual is not None else y, rstd)
     return y, total, rstd
 
 
 def _find_forward_plan(n_rows, n_cols, eps, weight_offset, dtypes, has_residual, has_weight,
-                       round_xhat) -> LaunchPlan:
-    """:func:`_forward_plan` under the current :data:`TUNING`: one dict lookup for a shape seen
-    before."""
+                       round_xhat, store_rstd) -> LaunchPlan:
+    """:func:`.plans.forward_plan` under the current :data:`TUNING`: one dict lookup for a shape
+    seen before."""
     return _FORWARD_PLANS.found(
-        TUNING, (n_rows, n_cols, eps, weight_offset, dtypes, has_residual, has_weight, round_xhat),
+        TUNING, (n_rows, n_cols, eps, weight_offset, dtypes, has_residual, has_weight, round_xhat,
+                 store_rstd),
         lambda: _forward_plan(n_rows, n_cols, eps, weight_offset, dtypes, has_residual,
-                              has_weight, round_xhat, TUNING))
+                              has_weight, round_xhat, store_rstd, TUNING))
 
 
 #: :func:`_find_forward_plan`'s plans by its arguments.
 _FORWARD_PLANS = SignatureCache()
-
-
-@plan_cache()
-def _forward_plan(n_rows, n_cols, eps, weight_offset, dtypes, has_residual, has_weight,
-                  round_xhat, tuning: RMSNormTuning) -> LaunchPlan:
-    """The forward's launch (``dtypes``: of x, the weight as launched, y). Cached: the same few
-    shapes come back every step."""
-    consts = dict(HAS_RESIDUAL=has_residual, HAS_WEIGHT=has_weight, ROUND_XHAT=round_xhat,
-                  ACC=acc_dtype(dtypes[0]))
-    if n_cols <= tuning.single_block_max_cols:
-        tile = row_tile(n_cols, n_rows, tile_elems=tuning.tile_elems,
-                        max_rows=tuning.max_rows_per_program)
-        consts.update(BLOCK_N=tile.block_cols, ROWS=tile.rows, num_warps=tile.num_warps)
-        return LaunchPlan(rms_norm_fwd_kernel, (runtime.cdiv(n_rows, tile.rows),),
-                          (n_rows, n_cols, eps, weight_offset), consts)
-    tile = chunk_tile(n_cols, tuning.forward_chunk_cols)
-    consts.update(BLOCK_N=tile.block_cols, num_warps=tile.num_warps)
-    return LaunchPlan(rms_norm_fwd_chunked_kernel, (n_rows,), (n_cols, eps, weight_offset),
-                      consts)
 
 
 def _dw_dtype(x: torch.Tensor, weight: torch.Tensor | None) -> torch.dtype:
@@ -275,13 +249,12 @@ def _rms_norm_setup_context(ctx, inputs, output):
 
 def _kept_backward(x, weight, y_dtype, has_residual, n_rows, n_cols, norm_ndim, weight_offset,
                    casting_mode, needs) -> tuple:
-    """What the eager backward of the usual case (contiguous gradients of the outputs' dtypes)
-    needs, found on the calling thread, so that the backward only checks the gradients,
-    allocates and launches (:func:`_rms_norm_backward_kept`): ``(y's dtype, x's dtype, x's
-    device index, need_x, need_residual, need_dw, the launches without the sum's gradient, with
-    it (None without a residual), (norm_ndim, weight_offset, casting_mode) for the op)``.
-    ``needs``: ``ctx.needs_input_grad`` (x, residual, weight first). Kept per signature: the
-    general path asks at every call."""
+    """What the eager backward of a contiguous x needs, found on the calling thread, so that the
+    backward only allocates and launches (:func:`_rms_norm_backward_kept`): ``(the launches
+    without the sum's gradient, with it (None without a residual), need_x, need_residual,
+    need_dx, need_dw, (norm_ndim, weight_offset, casting_mode) for the op)``, the launches as
+    :func:`.plans.kept_launches` gives them. ``needs``: ``ctx.needs_input_grad`` (x, residual,
+    weight first). Kept per signature: the general path asks at every call."""
     need_x, need_residual, need_dw = needs[0], needs[1], needs[2]
     key = (n_rows, n_cols, norm_ndim, weight_offset, casting_mode, y_dtype, x.dtype,
            weight.dtype if weight is not None else None, has_residual, need_x, need_residual,
@@ -298,44 +271,55 @@ def _make_kept_backward(x, weight, y_dtype, has_residual, n_rows, n_cols, norm_n
     w_dtype = (weight if weight is not None else x).dtype
     need = (need_x or need_residual, need_dw)
     # Both of add_rms_norm's: with the sum's gradient, and without (a model's last norm, whose
-    # sum is unused), which otherwise takes the op's path at twice the host time.
-    launches = [_kept_launches(_find_backward_plan(
+    # sum is unused), which otherwise takes the op's path at twice the host time. Autograd
+    # hands the backward gradients of the outputs' dtypes (its engine casts others).
+    launches = [kept_launches(_find_backward_plan(
         n_rows, n_cols, weight_offset, (y_dtype, x.dtype, w_dtype, dsum_dtype, dw_dtype),
         weight is not None, casting_mode, need, x.device), n_cols)
         for dsum_dtype in ((None, x.dtype) if has_residual else (None,))]
-    return (y_dtype, x.dtype, x.get_device(), need_x, need_residual, need_dw, launches[0],
-            launches[1] if has_residual else None, (norm_ndim, weight_offset, casting_mode))
+    return (launches[0], launches[1] if has_residual else None, need_x, need_residual,
+            need[0], need_dw, (norm_ndim, weight_offset, casting_mode))
 
 
 #: :func:`_kept_backward`'s results by its arguments.
 _KEPT_BACKWARDS = SignatureCache()
 
 
-def _kept_launches(plan: BackwardPlan, n_cols: int) -> tuple:
-    """A plan's launches in :func:`_rms_norm_backward_planned`'s order, by their operands (no
-    names to compare at each call): ``(the rows' launch ("fused" or "dx_rows": dx and the
-    partial sums), "dx", "dw", "sum" (None: not launched), the partial sums' size)``."""
-    launches = plan.launches
-    return (launches.get("fused") or launches.get("dx_rows"), launches.get("dx"),
-            launches.get("dw"), launches.get("sum"), plan.n_partials * n_cols)
-
-
-def _rms_norm_backward_planned(launches, dy, dsum, x, weight, rstd, need_dx, need_dw):
-    """``(dx, dweight)`` (None where not needed), dweight in the weight's shape, with the kept
-    ``launches`` (:func:`_kept_launches`): contiguous dy, x, dsum. Autograd runs a CUDA backward
-    on its device thread, already on x's device; each line here costs 2-3 times its time on the
-    caller's thread there (cold caches), so nothing is allocated that no kernel writes."""
-    rows, dx_chunked, dw_chunked, sum_partials, partial_size = launches
-    w = weight if weight is not None else x  # never read without a weight
+def _rms_norm_backward_kept(ctx, dy, dsum=None):
+    """The backward of :func:`_rms_norm_forward_planned`'s Function (inputs x, residual, weight,
+    the kept plans; outputs y, and the sum with a residual), and of the op's after an eager
+    call (:func:`_rms_norm_backward_autograd`): allocate and launch what :func:`_kept_backward`
+    found in the forward, once per signature; the op while a graph is built (a double backward)
+    or something watches. Autograd hands it gradients of the outputs' dtypes and device (its
+    engine casts another dtype and refuses another device); one laid out otherwise (the
+    expanded gradient of a ``sum()``) is copied, as the op would. Autograd runs a CUDA backward
+    on its device thread, already on x's device, where each line costs 2-3 times its time on
+    the caller's thread (cold caches): nothing is allocated that no kernel writes."""
+    plain, with_dsum, need_x, need_residual, need_dx, need_dw, op_args = ctx.backward_plan
+    if dy is None:  # y did not reach the loss: the sum's gradient passes through the add
+        return dsum if need_x else None, dsum if need_residual else None, None, None
+    x, weight, rstd = ctx.saved_tensors
+    if not runtime.eager_backward():
+        return (*_op_backward(dy, dsum, x, weight, rstd, *op_args, need_x, need_residual,
+                              need_dw), None)
+    if not dy.is_contiguous():
+        dy = dy.contiguous()
     if dsum is None:
+        rows, dx_chunked, dw_chunked, sum_partials, partial_size = plain
         dsum = dy  # never read without HAS_DSUM
+    else:
+        rows, dx_chunked, dw_chunked, sum_partials, partial_size = with_dsum
+        if not dsum.is_contiguous():
+            dsum = dsum.contiguous()
+    w = weight if weight is not None else x  # never read without a weight
     dx = torch.empty_like(x) if need_dx else None  # x is contiguous
     if need_dw:
         # Row g of the partial buffer (flat): the dweight sum of row group g, in rstd's dtype.
         partials = rstd.new_empty(partial_size)
         dw = torch.empty_like(weight)
     else:  # rstd stands in for the partial sums: never written with COMPUTE_DW off
-        partials, dw = rstd, None
+        partials = rstd
+        dw = None
     if rows is not None:  # x stands in for dx: never written with COMPUTE_DX off
         rows.launch_eager(dy, x, w, rstd, dsum, x if dx is None else dx, partials)
     elif dx is not None:
@@ -344,29 +328,8 @@ def _rms_norm_backward_planned(launches, dy, dsum, x, weight, rstd, need_dx, nee
         if dw_chunked is not None:
             dw_chunked.launch_eager(dy, x, rstd, partials)
         sum_partials.launch_eager(partials, partials, dw, dw)  # COMPUTE_DB off: one pair read
-    return dx, dw
-
-
-def _rms_norm_backward_kept(ctx, dy, dsum, _drstd):
-    """The backward of :func:`_rms_norm_forward_planned`'s Function (inputs x, residual, weight,
-    the kept plans): the kept launches for the usual gradients (the dtypes of y and the sum,
-    contiguous, an eager backward), else the op. Everything it reads was worked out in the
-    forward (:func:`_kept_backward`), once per signature."""
-    (y_dtype, x_dtype, device, need_x, need_residual, need_dw, plain, with_dsum,
-     op_args) = ctx.backward_plan
-    if dy is None:  # y did not reach the loss: the sum's gradient passes through the add
-        return dsum if need_x else None, dsum if need_residual else None, None, None
-    launches = plain if dsum is None else (
-        with_dsum if dsum.dtype is x_dtype and dsum.is_contiguous() else None)
-    x, weight, rstd = ctx.saved_tensors
-    if (launches is not None and dy.dtype is y_dtype and dy.is_contiguous()
-            and dy.get_device() == device and runtime.eager_backward()):
-        dx, dw = _rms_norm_backward_planned(launches, dy, dsum, x, weight, rstd,
-                                            need_x or need_residual, need_dw)
-        # d(x + residual) reaches x and residual alike: the same tensor, as torch's add returns.
-        return dx if need_x else None, dx if need_residual else None, dw, None
-    return (*_op_backward(dy, dsum, x, weight, rstd, *op_args, need_x, need_residual, need_dw),
-            None)
+    # d(x + residual) reaches x and residual alike: the same tensor, as torch's add returns.
+    return dx if need_x else None, dx if need_residual else None, dw, None
 
 
 def _op_backward(dy, dsum, x, weight, rstd, norm_ndim, weight_offset, casting_mode, need_x,
@@ -382,7 +345,7 @@ def _op_backward(dy, dsum, x, weight, rstd, norm_ndim, weight_offset, casting_mo
 def _rms_norm_backward_autograd(ctx, dy, dsum, _drstd):
     unused = (None,) * 5  # norm_ndim, eps, weight_offset, casting_mode, out_dtype
     if ctx.backward_plan is not None:  # an eager call's: as the planned forward's Function
-        return (*_rms_norm_backward_kept(ctx, dy, dsum, _drstd)[:3], *unused)
+        return (*_rms_norm_backward_kept(ctx, dy, dsum)[:3], *unused)
     need_x, need_residual, need_dw = ctx.needs_input_grad[:3]
     if dy is None:  # y did not reach the loss: the sum's gradient passes through the add
         return (dsum if need_x else None, dsum if need_residual else None, None, *unused)
@@ -392,33 +355,45 @@ def _rms_norm_backward_autograd(ctx, dy, dsum, _drstd):
 
 
 def _rms_norm_forward_planned(ctx, x, residual, weight, ready):
-    """The eager autograd forward of a kept signature (:func:`_rms_norm`'s ``RECORD`` path):
+    """The eager autograd forward of a kept signature (the public functions' ``RECORD`` path):
     :func:`rms_norm_forward` and :func:`_rms_norm_setup_context` with the plans kept for it
-    (the backward's by which inputs need a gradient, found at the first such call). Without a
-    residual the sum is None, not an empty placeholder (an allocation a call): rms_norm drops
-    it. Only what :func:`_rms_norm_backward_kept` reads is set on ``ctx``."""
-    plan, y_dtype, rstd_dtype, n_rows, backward_plans = ready[:5]
-    y = torch.empty_like(x, dtype=y_dtype, memory_format=torch.contiguous_format)
-    rstd = x.new_empty(n_rows, dtype=rstd_dtype)
-    w = weight if weight is not None else x  # never read without a weight
-    with runtime.device_guard(x):
-        if residual is None:  # y stands in for the sum: never written
-            total = None
-            plan.launch_eager(x, x, w, y, y, rstd)
-        else:
-            total = torch.empty_like(x, memory_format=torch.contiguous_format)
-            plan.launch_eager(x, residual, w, y, total, rstd)
-    # As _rms_norm_setup_context marks them.
-    ctx.mark_non_differentiable(rstd)
-    ctx.set_materialize_grads(False)
-    ctx.save_for_backward(x if total is None else total, weight, rstd)
-    needs = ctx.needs_input_grad
-    kept = backward_plans.get(needs)
+    (``ready``, see :data:`_READY`; the backward's by which inputs need a gradient, found at the
+    first such call). Its outputs are only what the public function returns: ``y`` alone
+    without a residual, else ``(y, x + residual)``; ``rstd`` is saved, not returned (no output
+    to mark non-differentiable). Only what :func:`_rms_norm_backward_kept` reads is set on
+    ``ctx``."""
+    kept = ready[4].get(ctx.needs_input_grad)
     if kept is None:
-        kept = backward_plans[needs] = _kept_backward(x, weight, y_dtype, total is not None,
-                                                      n_rows, *ready[5:], needs)
+        kept = ready[4][ctx.needs_input_grad] = _kept_backward(
+            x, weight, ready[1], residual is not None, ready[3], *ready[5:9], ctx.needs_input_grad)
     ctx.backward_plan = kept
-    return y, total, rstd
+    y = torch.empty_like(x) if ready[10] else torch.empty_like(x, dtype=ready[1])  # x contiguous
+    rstd = x.new_empty(ready[3], dtype=ready[2])
+    w = weight if weight is not None else x  # never read without a weight
+    guard = runtime.device_guard(x)
+    if residual is None:  # y stands in for the sum: never written
+        if guard is _SAME_DEVICE:  # entering the no-op context costs two calls
+            ready[0].launch_eager(x, x, w, y, y, rstd)
+        else:
+            with guard:
+                ready[0].launch_eager(x, x, w, y, y, rstd)
+        ctx.save_for_backward(x, weight, rstd)
+        return y
+    total = torch.empty_like(x)
+    if guard is _SAME_DEVICE:
+        ready[0].launch_eager(x, residual, w, y, total, rstd)
+    else:
+        with guard:
+            ready[0].launch_eager(x, residual, w, y, total, rstd)
+    # An unused output's gradient is None, not zeros materialised to be added.
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(total, weight, rstd)
+    return y, total
+
+
+#: What :func:`runtime.device_guard` gives for a tensor on the current device (a CPU tensor is
+#: one): the context that switches nothing.
+_SAME_DEVICE = runtime.device_guard(torch.empty(0))
 
 
 rms_norm_forward.register_autograd(
@@ -440,84 +415,16 @@ rms_norm_forward.register_planned_forward(_rms_norm_forward_planned, _rms_norm_b
 #: cast explicitly, and autocast leaves their arithmetic as it is.
 AUTOCAST = runtime.AutocastPolicy({"cuda": "fp32"} if torch.__version__ >= (2, 12) else None)
 
+#: Whether autocast is on for any device type: one C call (:func:`runtime.any_autocast` without
+#: its frame), all the public functions ask while it is off.
+_autocast_on = getattr(torch._C, "_is_any_autocast_enabled", None) or runtime.any_autocast
+_SIZE = torch.Size
+
 
 def _autocast_out_dtype(x: torch.Tensor, casting_mode: str) -> torch.dtype | None:
     if casting_mode != "torch" or x.dtype == torch.float64:  # float64 is never autocast
         return None
     return AUTOCAST.dtype_for("cuda" if x.is_cuda else "cpu")  # checked: CUDA or the CPU
-
-
-def _rms_norm(x, residual, normalized_shape, weight, eps, weight_offset, casting_mode,
-              check_residual: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(y, x + residual)`` of both public functions (the sum None or a placeholder without a
-    residual)."""
-    path = rms_norm_forward.eager_path(x, residual, weight)
-    if path:  # an eager call of layouts seen before: straight to the launch
-        try:
-            out_dtype = _autocast_out_dtype(x, casting_mode)
-            ready = (_READY if _READY.tuning is TUNING else _READY.under(TUNING)).get(_ready_key(
-                x, residual, normalized_shape, weight, eps, weight_offset, casting_mode,
-                check_residual, out_dtype))
-        except UNKEYABLE:
-            ready = None
-        if ready is not None:
-            if path == RECORD:
-                y, total, _ = rms_norm_forward.record_planned(x, residual, weight, ready)
-                return y, total
-            plan, y_dtype, rstd_dtype, n_rows = ready[:4]
-            y = torch.empty_like(x, dtype=y_dtype, memory_format=torch.contiguous_format)
-            rstd = x.new_empty(n_rows, dtype=rstd_dtype)
-            w = weight if weight is not None else x  # never read without a weight
-            with runtime.device_guard(x):
-                if residual is None:  # y stands in for the sum: never written
-                    plan.launch_eager(x, x, w, y, y, rstd)
-                    return y, None
-                total = torch.empty_like(x, memory_format=torch.contiguous_format)
-                plan.launch_eager(x, residual, w, y, total, rstd)
-                return y, total
-    norm_ndim, eps_, weight_offset_ = _checked(x, residual, normalized_shape, weight, eps,
-                                               weight_offset, casting_mode, check_residual)
-    out_dtype = _autocast_out_dtype(x, casting_mode)
-    y, total, rstd = rms_norm_forward(x, residual, weight, norm_ndim, eps_, weight_offset_,
-                                      casting_mode, out_dtype)
-    n_rows, n_cols = rows_cols(x, norm_ndim)
-    if path and n_rows and n_cols and x.is_contiguous() and (
-            residual is None or residual.is_contiguous()) and (
-            weight is None or weight.is_contiguous()):
-        w = weight if weight is not None else x
-        plan = _find_forward_plan(n_rows, n_cols, eps_, weight_offset_,
-                                  (x.dtype, w.dtype, y.dtype), residual is not None,
-                                  weight is not None, casting_mode == "llama")
-        _READY.under(TUNING).remember(
-            _ready_key(x, residual, normalized_shape, weight, eps, weight_offset, casting_mode,
-                       check_residual, out_dtype),
-            (plan, y.dtype, rstd.dtype, n_rows, {}, n_cols, norm_ndim, weight_offset_,
-             casting_mode))
-    return y, total
-
-
-def _ready_key(x, residual, normalized_shape, weight, eps, weight_offset, casting_mode,
-               check_residual, out_dtype):
-    """An eager call's layouts (all the checks read, and the strides) and other arguments.
-    :func:`layout_key` and :func:`shape_key` written out (an int or a tuple of one int, the
-    usual ``normalized_shape``, as it is): a frame each costs as much as the key's lookup."""
-    shape = normalized_shape
-    if type(shape) is not int and not (type(shape) is tuple and len(shape) == 1
-                                       and type(shape[0]) is int):
-        shape = shape_key(shape)
-    return (x.shape, x.stride(), x.dtype, x.device, x.layout,
-            (residual.stride(), residual.shape, residual.dtype, residual.device,
-             residual.layout) if check_residual else None,
-            shape,
-            (weight.stride(), weight.shape, weight.dtype, weight.device, weight.layout)
-            if weight is not None else None,
-            eps, type(eps), weight_offset, type(weight_offset), casting_mode, out_dtype)
-
-
-#: Eager calls' :func:`_ready_key` -> ``(the forward's plan, y's dtype, rstd's dtype, rows,
-#: {ctx.needs_input_grad: the backward's kept launches (_kept_backward)}, columns, norm_ndim,
-#: weight_offset, casting_mode)`` for contiguous operands that were checked.
-_READY = SignatureCache()
 
 
 def rms_norm(
@@ -537,7 +444,40 @@ def rms_norm(
     ``weight_offset`` scales by ``weight_offset + weight`` (Gemma's ``1 + weight`` with 1.0; it
     shifts a weight, so without one it has nothing to shift). ``casting_mode`` ``"llama"`` or
     ``"gemma"`` rounds as transformers' LlamaRMSNorm or GemmaRMSNorm does (module docstring)."""
-    return _rms_norm(x, None, normalized_shape, weight, eps, weight_offset, casting_mode)[0]
+    path = rms_norm_forward.eager_path(x, weight)
+    key = None
+    if path:  # an eager call: its layouts' checks and plans, kept, found in one lookup
+        try:
+            shape = normalized_shape
+            if type(shape) is not int and not (
+                    (type(shape) is tuple or type(shape) is _SIZE) and len(shape) == 1
+                    and type(shape[0]) is int):
+                shape = shape_key(shape)
+            # The layouts (what the checks read, and the strides) and the other arguments;
+            # rms_norm's keys are one shorter than add_rms_norm's.
+            key = (x.shape, x.stride(), x.dtype, x.device, x.layout, shape,
+                   (weight.stride(), weight.shape, weight.dtype, weight.device, weight.layout)
+                   if weight is not None else None,
+                   eps, type(eps), weight_offset, type(weight_offset), casting_mode,
+                   _autocast_out_dtype(x, casting_mode) if _autocast_on() else None)
+            ready = _READY.get(key) if _READY.tuning is TUNING else None
+        except UNKEYABLE:
+            key = ready = None
+        if ready is not None:  # seen before: straight to the launch
+            if path == RECORD:
+                return rms_norm_forward.record_planned(x, None, weight, ready)
+            y = torch.empty_like(x) if ready[10] else torch.empty_like(x, dtype=ready[1])
+            w = weight if weight is not None else x  # never read without a weight
+            # y stands in for the sum and rstd: never written (STORE_RSTD off).
+            guard = runtime.device_guard(x)
+            if guard is _SAME_DEVICE:  # entering the no-op context costs two calls
+                ready[9].launch_eager(x, x, w, y, y, y)
+            else:
+                with guard:
+                    ready[9].launch_eager(x, x, w, y, y, y)
+            return y
+    return _rms_norm(x, None, normalized_shape, weight, eps, weight_offset, casting_mode,
+                     False, key)[0]
 
 
 def add_rms_norm(
@@ -556,5 +496,70 @@ def add_rms_norm(
     ``residual`` through both outputs. Arguments otherwise as :func:`rms_norm`'s; under autocast
     the sum keeps ``x``'s dtype (an add is on no autocast list) while the norm follows
     ``F.rms_norm``."""
+    path = rms_norm_forward.eager_path(x, residual, weight)
+    key = None
+    if path:  # as rms_norm's
+        try:
+            shape = normalized_shape
+            if type(shape) is not int and not (
+                    (type(shape) is tuple or type(shape) is _SIZE) and len(shape) == 1
+                    and type(shape[0]) is int):
+                shape = shape_key(shape)
+            key = (x.shape, x.stride(), x.dtype, x.device, x.layout,
+                   (residual.stride(), residual.shape, residual.dtype, residual.device,
+                    residual.layout), shape,
+                   (weight.stride(), weight.shape, weight.dtype, weight.device, weight.layout)
+                   if weight is not None else None,
+                   eps, type(eps), weight_offset, type(weight_offset), casting_mode,
+                   _autocast_out_dtype(x, casting_mode) if _autocast_on() else None)
+            ready = _READY.get(key) if _READY.tuning is TUNING else None
+        except UNKEYABLE:
+            key = ready = None
+        if ready is not None:
+            if path == RECORD:
+                return rms_norm_forward.record_planned(x, residual, weight, ready)
+            y = torch.empty_like(x) if ready[10] else torch.empty_like(x, dtype=ready[1])
+            total = torch.empty_like(x)
+            w = weight if weight is not None else x  # never read without a weight
+            guard = runtime.device_guard(x)
+            if guard is _SAME_DEVICE:  # y stands in for rstd: never written (STORE_RSTD off)
+                ready[9].launch_eager(x, residual, w, y, total, y)
+            else:
+                with guard:
+                    ready[9].launch_eager(x, residual, w, y, total, y)
+            return y, total
     return _rms_norm(x, residual, normalized_shape, weight, eps, weight_offset, casting_mode,
-                     check_residual=True)
+                     True, key)
+
+
+def _rms_norm(x, residual, normalized_shape, weight, eps, weight_offset, casting_mode,
+              check_residual: bool, key) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(y, x + residual)`` of both public functions for a call not kept (the sum a placeholder
+    without a residual): checked, then the op. ``key``: the call's key in :data:`_READY` (None:
+    none, not an eager call); an eager call of contiguous operands is kept there."""
+    norm_ndim, eps_, weight_offset_ = _checked(x, residual, normalized_shape, weight, eps,
+                                               weight_offset, casting_mode, check_residual)
+    out_dtype = _autocast_out_dtype(x, casting_mode)
+    y, total, rstd = rms_norm_forward(x, residual, weight, norm_ndim, eps_, weight_offset_,
+                                      casting_mode, out_dtype)
+    n_rows, n_cols = rows_cols(x, norm_ndim)
+    if key is not None and n_rows and n_cols and x.is_contiguous() and (
+            residual is None or residual.is_contiguous()) and (
+            weight is None or weight.is_contiguous()):
+        dtypes = (x.dtype, (weight if weight is not None else x).dtype, y.dtype)
+        plans = [_find_forward_plan(n_rows, n_cols, eps_, weight_offset_, dtypes,
+                                    residual is not None, weight is not None,
+                                    casting_mode == "llama", store_rstd)
+                 for store_rstd in (True, False)]
+        _READY.under(TUNING).remember(
+            key, (plans[0], y.dtype, rstd.dtype, n_rows, {}, n_cols, norm_ndim, weight_offset_,
+                  casting_mode, plans[1], y.dtype == x.dtype))
+    return y, total
+
+
+#: Eager calls' keys (built in :func:`rms_norm` and :func:`add_rms_norm`: the layouts, with the
+#: strides, and the other arguments) -> ``(the forward's plan, y's dtype, rstd's dtype, rows,
+#: {ctx.needs_input_grad: the backward's kept launches (_kept_backward)}, columns, norm_ndim,
+#: weight_offset, casting_mode, the forward's plan that writes no rstd, whether y has x's
+#: dtype)`` for contiguous operands that were checked.
+_READY = SignatureCache()

@@ -14,7 +14,8 @@ moment merging.
 and ``weight_offset + weight`` to the weight's before their product. Without it everything stays
 in ``ACC`` and the output is rounded once (torch's ``F.rms_norm``, GemmaRMSNorm).
 
-* :func:`rms_norm_fwd_kernel`: ``ROWS`` whole rows a program; one read, one write, ``rstd`` kept;
+* :func:`rms_norm_fwd_kernel`: ``ROWS`` whole rows a program; one read, one write, ``rstd`` kept
+  for the backward (``STORE_RSTD``; a call that records no gradient has no use for it);
 * :func:`rms_norm_fwd_chunked_kernel`: one long row a program, a sum-of-squares pass then a
   normalising pass;
 * :func:`rms_norm_bwd_kernel`: ``dx`` for a group of rows and that group's partial ``dweight``
@@ -76,7 +77,7 @@ def rms_norm_fwd_kernel(
     x_ptr, residual_ptr, w_ptr, y_ptr, sum_ptr, rstd_ptr,
     n_rows, n_cols, eps: tl.float64, weight_offset: tl.float64,
     HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, ROUND_XHAT: tl.constexpr,
-    ACC: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+    STORE_RSTD: tl.constexpr, ACC: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
 ):
     """Single-block forward: ``ROWS`` whole rows per program, each read once and written once."""
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
@@ -91,7 +92,8 @@ def rms_norm_fwd_kernel(
     if HAS_WEIGHT:
         y = y * _effective_weight(w_ptr, cols, col_mask, weight_offset, ROUND_XHAT, ACC)[None, :]
     tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
-    tl.store(rstd_ptr + rows, rstd, mask=row_mask)
+    if STORE_RSTD:
+        tl.store(rstd_ptr + rows, rstd, mask=row_mask)
 
 
 @triton.jit
@@ -99,7 +101,7 @@ def rms_norm_fwd_chunked_kernel(
     x_ptr, residual_ptr, w_ptr, y_ptr, sum_ptr, rstd_ptr,
     n_cols, eps: tl.float64, weight_offset: tl.float64,
     HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, ROUND_XHAT: tl.constexpr,
-    ACC: tl.constexpr, BLOCK_N: tl.constexpr,
+    STORE_RSTD: tl.constexpr, ACC: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """Forward for long rows: one row per program, a sum-of-squares pass then a normalising
     pass (the second read mostly from L2: the row was just read)."""
@@ -113,7 +115,8 @@ def rms_norm_fwd_chunked_kernel(
                         ACC)
         square_lanes += x * x
     rstd = _inverse_rms(tl.sum(square_lanes, axis=0), n_cols, eps, ACC)
-    tl.store(rstd_ptr + tl.program_id(0), rstd)
+    if STORE_RSTD:
+        tl.store(rstd_ptr + tl.program_id(0), rstd)
 
     for start in range(0, n_cols, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)

@@ -1,7 +1,8 @@
-"""rms_norm's backward launches for one shape: the fused kernel for rows that fit a block, else
-dx and the dweight partials chunk by chunk, and the deterministic sum of the partials (a fixed
-partition of the rows, the same bits every run). The host code that finds and launches them is
-in the package's ``__init__``.
+"""rms_norm's launches for one shape: the forward's (whole rows a program, or one long row a
+program in chunks), and the backward's: the fused kernel for rows that fit a block, else dx and
+the dweight partials chunk by chunk, and the deterministic sum of the partials (a fixed partition
+of the rows, the same bits every run). The host code that finds and launches them is in the
+package's ``__init__``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,29 @@ from .kernels import (
     rms_norm_bwd_dw_chunked_kernel,
     rms_norm_bwd_dx_chunked_kernel,
     rms_norm_bwd_kernel,
+    rms_norm_fwd_chunked_kernel,
+    rms_norm_fwd_kernel,
 )
+
+
+@plan_cache()
+def forward_plan(n_rows, n_cols, eps, weight_offset, dtypes, has_residual, has_weight,
+                 round_xhat, store_rstd, tuning) -> LaunchPlan:
+    """The forward's launch (``dtypes``: of x, the weight as launched, y; ``store_rstd``: write
+    the statistics, which only a backward reads) under ``tuning`` (an ``RMSNormTuning``).
+    Cached: the same few shapes come back every step."""
+    consts = dict(HAS_RESIDUAL=has_residual, HAS_WEIGHT=has_weight, ROUND_XHAT=round_xhat,
+                  STORE_RSTD=store_rstd, ACC=acc_dtype(dtypes[0]))
+    if n_cols <= tuning.single_block_max_cols:
+        tile = row_tile(n_cols, n_rows, tile_elems=tuning.tile_elems,
+                        max_rows=tuning.max_rows_per_program)
+        consts.update(BLOCK_N=tile.block_cols, ROWS=tile.rows, num_warps=tile.num_warps)
+        return LaunchPlan(rms_norm_fwd_kernel, (runtime.cdiv(n_rows, tile.rows),),
+                          (n_rows, n_cols, eps, weight_offset), consts)
+    tile = chunk_tile(n_cols, tuning.forward_chunk_cols)
+    consts.update(BLOCK_N=tile.block_cols, num_warps=tile.num_warps)
+    return LaunchPlan(rms_norm_fwd_chunked_kernel, (n_rows,), (n_cols, eps, weight_offset),
+                      consts)
 
 
 class BackwardPlan(NamedTuple):
@@ -104,3 +127,12 @@ def backward_plan(n_rows, n_cols, weight_offset, dtypes, has_weight, has_dsum, r
             dict(COMPUTE_DW=True, COMPUTE_DB=False, ACC=acc, BLOCK_P=tuning.sum_partials_block_p,
                  BLOCK_N=tuning.sum_partials_block_n, DB_AFTER_DW=False, num_warps=4))
     return BackwardPlan(n_partials, launches)
+
+
+def kept_launches(plan: BackwardPlan, n_cols: int) -> tuple:
+    """A plan's launches in launch order, by their operands (no names to compare at each call):
+    ``(the rows' launch ("fused" or "dx_rows": dx and the partial sums), "dx", "dw", "sum"
+    (None: not launched), the partial sums' size)``."""
+    launches = plan.launches
+    return (launches.get("fused") or launches.get("dx_rows"), launches.get("dx"),
+            launches.get("dw"), launches.get("sum"), plan.n_partials * n_cols)
