@@ -362,6 +362,7 @@ def case_cross_entropy(device):
     target = torch.randint(0, 1000, (37,), device=device)
     target[::5] = -100  # ignored rows
     tw.cross_entropy(logits, target).backward()
+    tw.cross_entropy(logits, target).backward()  # a kept signature: the loss reduced by a kernel
     x = _randn(37, 64, dtype=torch.float16, device=device, grad=True)
     weight = _randn(1000, 64, dtype=torch.float16, device=device, grad=True)
     tw.linear_cross_entropy(x, weight, target).backward()
@@ -438,7 +439,8 @@ CASES = (
     Case("rope", ("rope",), ("rope_kernel",), case_rope),
     Case("glu", ("swiglu", "geglu"), ("glu_fwd_kernel", "glu_bwd_kernel"), case_glu),
     Case("cross_entropy", ("cross_entropy", "linear_cross_entropy"),
-         ("cross_entropy_fwd_kernel", "cross_entropy_bwd_kernel", "linear_ce_block_fwd_kernel",
+         ("cross_entropy_fwd_kernel", "cross_entropy_bwd_kernel", "cross_entropy_reduce_kernel",
+          "linear_ce_block_fwd_kernel",
           "linear_ce_block_grad_kernel"), case_cross_entropy),
     Case("dropout", ("attention", "linear"),
          ("attn_fwd_kernel", "attn_bwd_preprocess_kernel", "attn_bwd_dkdv_kernel",
