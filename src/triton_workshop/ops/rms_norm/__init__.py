@@ -421,6 +421,15 @@ _autocast_on = getattr(torch._C, "_is_any_autocast_enabled", None) or runtime.an
 _SIZE = torch.Size
 
 
+def _shape_in_key(shape):
+    """``normalized_shape`` as the call keys hold it: an int or a one-int tuple/Size as given
+    (the common case, no conversion), anything else through :func:`shape_key`."""
+    if type(shape) is int or ((type(shape) is tuple or type(shape) is _SIZE) and len(shape) == 1
+                              and type(shape[0]) is int):
+        return shape
+    return shape_key(shape)
+
+
 def _autocast_out_dtype(x: torch.Tensor, casting_mode: str) -> torch.dtype | None:
     if casting_mode != "torch" or x.dtype == torch.float64:  # float64 is never autocast
         return None
@@ -448,11 +457,7 @@ def rms_norm(
     key = None
     if path:  # an eager call: its layouts' checks and plans, kept, found in one lookup
         try:
-            shape = normalized_shape
-            if type(shape) is not int and not (
-                    (type(shape) is tuple or type(shape) is _SIZE) and len(shape) == 1
-                    and type(shape[0]) is int):
-                shape = shape_key(shape)
+            shape = _shape_in_key(normalized_shape)
             # The layouts (what the checks read, and the strides) and the other arguments;
             # rms_norm's keys are one shorter than add_rms_norm's.
             key = (x.shape, x.stride(), x.dtype, x.device, x.layout, shape,
@@ -500,11 +505,7 @@ def add_rms_norm(
     key = None
     if path:  # as rms_norm's
         try:
-            shape = normalized_shape
-            if type(shape) is not int and not (
-                    (type(shape) is tuple or type(shape) is _SIZE) and len(shape) == 1
-                    and type(shape[0]) is int):
-                shape = shape_key(shape)
+            shape = _shape_in_key(normalized_shape)
             key = (x.shape, x.stride(), x.dtype, x.device, x.layout,
                    (residual.stride(), residual.shape, residual.dtype, residual.device,
                     residual.layout), shape,
