@@ -445,8 +445,11 @@ def _attention_cases(gen, device):
     for label, q, k, v in _attention_inputs(gen, device, [((1, 1, 40, 16), torch.float32)]):
         row = 7
         q, k = very_negative_row(q, k, row)
+        # Scores of magnitude ~250 carry fp32 rounding of ~250 * 2**-24 into each exponent, so
+        # the row's weights differ from the reference's by ~1.5e-5 relative, whatever the order
+        # of the sums: the tolerance says so (fp32's default would fail a right kernel).
         cases.append(Case(f"{label}, every score of row {row} < -200", (q, k, v),
-                          attention_reference(q, k, v)))
+                          attention_reference(q, k, v), tolerance=(1e-4, 1e-5)))
     return cases
 
 
