@@ -218,7 +218,10 @@ def test_kept_signature_repeats_right(name, lead, K, N, dtype, given, needs, gra
         for i, mine, theirs in zip(wanted, got, want):
             assert mine.dtype == tensors[i].dtype and mine.shape == tensors[i].shape
             assert_close(mine, theirs, TOL[dtype])
-    assert len(recorded) == 3  # every call that recorded: the signature was kept before it
+    # Every call recorded through the kept plans (the signature was kept before it), except on a
+    # GPU where K is not a multiple of 16 elements: there the normalised rows and the weight are
+    # copied to aligned buffers every call (the general path, nothing kept).
+    assert len(recorded) == (3 if runtime.INTERPRET or K % 16 == 0 else 0)
 
 
 def test_kept_signature_backward_under_autocast():
