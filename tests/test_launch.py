@@ -110,8 +110,14 @@ class _Launch:
         self.launch_metadata, self.hooks, self.kernel_args = args[6], args[7:9], args[9:]
 
     def same_kernel_args(self, other: "_Launch") -> bool:
+        """The same arguments; a tensor (as Triton passes it) and its address (as a direct
+        launch passes it: the C launcher takes an int as the address itself) are the same."""
+        def address(a):
+            return a.data_ptr() if isinstance(a, torch.Tensor) else a
+
         return len(self.kernel_args) == len(other.kernel_args) and all(
-            a is b or (not isinstance(a, torch.Tensor) and type(a) is type(b) and a == b)
+            a is b or (address(a) == address(b) if isinstance(a, torch.Tensor)
+                       or isinstance(b, torch.Tensor) else type(a) is type(b) and a == b)
             for a, b in zip(self.kernel_args, other.kernel_args))
 
 
@@ -308,7 +314,8 @@ def test_a_new_key_goes_through_triton(sm90):
     assert sm90.through_triton == ["_axpy"] * 8
     assert len(fast.cache) == 8
     last_two = sm90.launches[-2:]
-    assert last_two[0].kernel_args[4] == 64 and last_two[1].kernel_args[0] is h[0]
+    # A direct launch passes a tensor as its address (see launch.launch_ready).
+    assert last_two[0].kernel_args[4] == 64 and last_two[1].kernel_args[0] == h[0].data_ptr()
 
 
 def test_a_float_argument_is_keyed_by_value(sm90):
@@ -334,7 +341,8 @@ def test_launch_kernel_keeps_a_prepared_launch_per_device_and_alignment(sm90, mo
     assert isinstance(prepared_launch, launch.PreparedLaunch)
     by_triton, direct = sm90.launches
     assert direct.args[:6] == by_triton.args[:6]
-    assert direct.kernel_args[:3] == (y, x, out) and direct.kernel_args[3:] == (100, 32, 2)
+    assert direct.kernel_args[:3] == tuple(t.data_ptr() for t in (y, x, out))
+    assert direct.kernel_args[3:] == (100, 32, 2)
     # A pointer that is not 16-byte aligned is another specialisation: Triton, then its own.
     runtime.launch_kernel(jit, (4,), (x[1:], y, out), (100,), {"BLOCK": 32}, prepared)
     runtime.launch_kernel(jit, (4,), (y[1:], x, out), (100,), {"BLOCK": 32}, prepared)

@@ -391,9 +391,10 @@ def _run_entry(entry, args) -> bool:
     else:
         # What CompiledKernel's runner does when no launch hook is set, without building a
         # runner closure and its launch metadata every launch. The parameters after the
-        # positional ones (``tail``) are part of the entry's key: fixed.
+        # positional ones (``tail``) are part of the entry's key: fixed. Tensors go as their
+        # addresses (see launch_ready: no driver call per pointer to validate it).
         run(*grid3, stream, compiled.function, compiled.packed_metadata, None, None, None,
-            *args, *tail)
+            *[a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args], *tail)
     return True
 
 
@@ -407,10 +408,16 @@ def launch_ready(prepared: dict, tensors: tuple, scalars: tuple) -> bool:
     each launch, the current stream, the C launcher."""
     if not FAST_LAUNCH:
         return False
-    # _ready_key inline (this runs at every launch).
+    # _ready_key inline (this runs at every launch). The addresses go to the C launcher as
+    # ints: given a tensor, it calls data_ptr() again and asks the driver to validate the
+    # address (cuPointerGetAttribute), one driver call per pointer, every launch; given an int
+    # it takes the value. These tensors passed the op's checks at their signature's first call.
     bits = 0
+    ptrs = []
     for t in tensors:
-        bits |= t.data_ptr()
+        ptr = t.data_ptr()
+        bits |= ptr
+        ptrs.append(ptr)
     ready = prepared.get(tensors[0].get_device() if bits & 15 == 0 else _ready_key(tensors))
     if ready is None:
         return False
@@ -427,7 +434,7 @@ def launch_ready(prepared: dict, tensors: tuple, scalars: tuple) -> bool:
         return False
     try:
         run(*grid3, torch._C._cuda_getCurrentRawStream(device), compiled.function,
-            compiled.packed_metadata, None, None, None, *tensors, *scalars, *tail)
+            compiled.packed_metadata, None, None, None, *ptrs, *scalars, *tail)
     except Exception as exc:  # noqa: BLE001 - as PreparedLaunch: Triton's path from now on
         FastLaunch._give_up(exc)
         return False
