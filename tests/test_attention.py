@@ -440,8 +440,12 @@ def test_torch_compile_fullgraph_forward_backward():
     out_e = fn(q, k, v)
     out_e.backward(grad)
     torch.testing.assert_close(out_c, out_e, atol=0, rtol=0)
+    # The gradients to fp32 rounding: on a GPU Inductor may time the backward kernels' configs
+    # itself and keep another tile than the eager autotuner did, which sums dq over the key
+    # blocks in another order (seen: 2e-7 apart). The interpreter runs one config: exact.
+    tol = dict(atol=0, rtol=0) if INTERPRET else {}
     for a, t in zip(grads_c, (q, k, v)):
-        torch.testing.assert_close(a, t.grad, atol=0, rtol=0)
+        torch.testing.assert_close(a, t.grad, **tol)
 
 
 # --------------------------------------------------------------------------------------------
