@@ -26,6 +26,14 @@ forward calls the ops (the inputs, float32 by default, are cast as torch casts t
 torch's casts both count, and the region is entered at each call (torch keeps a weight's cast
 until its region ends; a step casts each weight once).
 
+``--same-thread`` runs every backward on the calling thread
+(``torch.autograd.set_multithreading_enabled(False)``). By default autograd runs a CUDA backward on
+its own device thread, and handing each ``backward()`` over to it and back costs more than most
+ops (torch's ``x.clone()``, forward + backward, took 133.7 µs with the thread and 52.8 without on an
+H200: docs/results.md, 2026-11-28, 13bbc96), and it varies from run to run by tens of µs. A
+training step pays that hand-off once per backward, not once per op; with ``--same-thread`` a
+fwd+bwd row measures what the op itself costs, ours and torch's alike.
+
 The first row, ``autograd_floor``, is a yardstick rather than an op: torch's add wrapped in the
 least a ``torch.autograd.Function`` can be. Its fwd+bwd difference from ``torch.add`` is what
 autograd charges any node whose backward is Python, before any of our code runs; an op whose
@@ -74,6 +82,9 @@ def _parse(argv=None):
                    help="every call under torch.autocast(bfloat16), entered at each call, as a training "
                         "step's forward runs (inputs of --dtype, float32 by default, cast as torch "
                         "casts them)")
+    p.add_argument("--same-thread", action="store_true",
+                   help="run backwards on the calling thread (no hand-off to autograd's device "
+                        "thread, which a step pays once per backward, not per op)")
     p.add_argument("--profile", metavar="OP",
                    help="print cProfile's view of OP's forward and fwd+bwd instead of the table")
     return p.parse_args(argv)
@@ -363,6 +374,11 @@ def main(argv=None) -> int:
         def context():
             return torch.autocast(device.type, dtype=torch.bfloat16)
         where += ", under torch.autocast(bfloat16), a region a call"
+
+    if args.same_thread:
+        # Process-wide for this script: the probe's own process, nothing else runs in it.
+        torch.autograd.set_multithreading_enabled(False)
+        where += ", backwards on the calling thread"
 
     print(f"host time per call, µs ({where}; {args.dtype}; {args.stat} of {args.batches} batches "
           f"of {args.calls} calls; budget torch + {args.budget:g} µs)")

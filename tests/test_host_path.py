@@ -227,8 +227,9 @@ def test_few_frames_from_the_public_function_to_the_launch(name, monkeypatch):
 # The probe, stubbed (its own process: stub_launches cannot be undone).
 # --------------------------------------------------------------------------------------------
 @pytest.mark.slow
-@pytest.mark.parametrize("autocast", [False, True])
-def test_the_host_probe_runs_with_launches_stubbed(tmp_path, autocast):
+@pytest.mark.parametrize("options", [[], ["--autocast"], ["--same-thread"]], ids=str)
+def test_the_host_probe_runs_with_launches_stubbed(tmp_path, options):
+    autocast = "--autocast" in options
     csv_path = tmp_path / "host.csv"
     # As on a machine without a GPU, also on one with: the stubbed probe runs on CPU tensors (on
     # a GPU the real probe, launches and all, is what measures).
@@ -236,10 +237,11 @@ def test_the_host_probe_runs_with_launches_stubbed(tmp_path, autocast):
                TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
     done = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "host_probe.py"), "--stub", "--ops", "linear,add",
-         "--calls", "5", "--batches", "2", "--csv", str(csv_path)] + ["--autocast"] * autocast,
+         "--calls", "5", "--batches", "2", "--csv", str(csv_path)] + options,
         capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode in (0, 1), done.stderr  # 1: over budget on a loaded machine
     assert ("under torch.autocast" in done.stdout) is autocast
+    assert ("backwards on the calling thread" in done.stdout) is ("--same-thread" in options)
     rows = csv_path.read_text().splitlines()
     assert rows[0].startswith("op,pass,ours_us,torch_us")
     assert {r.split(",")[0] for r in rows[1:]} == {"linear", "add"}
