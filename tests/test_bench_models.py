@@ -298,3 +298,62 @@ def test_models_is_listed_with_the_suite(capsys):
     assert "valid names:" in (err := capsys.readouterr().err) and err.rstrip().endswith("models")
     assert main(["softmax", "models"]) == 2
     assert "runs on its own" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# --interleave: one model's candidates built in one process and timed in turn.
+# ---------------------------------------------------------------------------------------------
+def test_interleaved_candidates_take_turns_and_match_the_isolated_losses(monkeypatch):
+    steps = bm.Steps(loss=2, warmup=1, timed=6)
+    cases = [bm.Case(bm.WORKLOADS["gpt2_train"], c, size="tiny", device=str(DEVICE), amp=False,
+                     steps=steps) for c in (bm.TORCH_EAGER, bm.OURS)]
+    seen = []
+    from triton_workshop.bench.measure import timed_steps as real
+    from triton_workshop.bench.models import interleave
+
+    def recording(step, batches, first, count, timer):
+        seen.append((step, first, count))
+        return real(step, batches, first, count, timer)
+
+    monkeypatch.setattr(interleave, "timed_steps", recording)
+    results = bm.run_interleaved(cases, rounds=3, timer=FakeTimer([1.0] * 12))
+    assert [status for status, _ in results] == ["ok", "ok"], results
+    # Three rounds, each candidate's turn of 6 // 3 = 2 steps, in order, the batches advancing.
+    torch_step, ours_step = seen[0][0], seen[1][0]
+    assert torch_step is not ours_step
+    assert [(s is torch_step, first, count) for s, first, count in seen] == [
+        (True, 3, 2), (False, 3, 2), (True, 5, 2), (False, 5, 2), (True, 7, 2), (False, 7, 2)]
+    for (status, payload), case in zip(results, cases):
+        assert len(payload["step_ms"]) == 6 and payload["ms_per_step"] == 1.0
+        assert payload["peak_bytes"] is None and payload["first_step_s"] >= 0
+        alone = bm.run_case(case, FakeTimer([1.0] * 6))
+        assert payload["losses"] == pytest.approx(alone["losses"], abs=1e-6)
+
+
+def test_interleaved_run_keeps_a_process_wide_candidate_apart(tmp_path):
+    """--interleave: torch eager and a failing candidate share the process; Liger-Kernel's LLaMA
+    (a patch for the whole process) is not built there (inline: refused, as without it)."""
+    console = Console(file=io.StringIO(), width=220)
+    rows = bm.run_models(quick=True, out=tmp_path, console=console, device="cpu", size="tiny",
+                         amp=False, isolate=False, models=["llama_train"], interleave=2,
+                         candidates=[bm.TORCH_EAGER, bm.LIGER])
+    eager, liger = rows
+    assert eager.status == "ok" and len(eager.losses) == bm.STEPS["tiny"].loss, eager.note
+    assert eager.peak_gib is None
+    assert liger.status == "n/a" and "whole process" in liger.note
+    assert "in turn, 2 rounds" in console.file.getvalue()
+    with pytest.raises(ValueError, match="whole process"):
+        bm.run_interleaved([bm.Case(bm.WORKLOADS["llama_train"], bm.LIGER, size="tiny",
+                                    device="cpu", amp=False)])
+    with pytest.raises(ValueError, match="rounds"):
+        bm.run_interleaved([], rounds=0)
+    with pytest.raises(ValueError, match="interleave"):
+        bm.run_models(quick=True, out=tmp_path, console=console, device="cpu", size="tiny",
+                      interleave=-1)
+
+
+def test_interleaved_failure_is_reported_and_the_others_still_run():
+    cases = [tiny_case(_workload(_broken_model)), tiny_case(bm.WORKLOADS["gpt2_train"])]
+    (status, note), (ok, payload) = bm.run_interleaved(cases, rounds=2)
+    assert status == "failed" and "ZeroDivisionError: boom" in note
+    assert ok == "ok" and payload["ms_per_step"] > 0

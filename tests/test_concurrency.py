@@ -37,6 +37,12 @@ def _run_together(fn, n_threads=THREADS):
         return list(pool.map(start, range(n_threads)))
 
 
+def _address(arg):
+    """A pointer argument as the C launcher reads it: Triton's own path passes the tensor, a
+    direct launch its address (an int)."""
+    return arg.data_ptr() if isinstance(arg, torch.Tensor) else arg
+
+
 def test_fast_launch_from_many_threads(sm90):  # noqa: F811
     """Each thread launches with its own n (its own key) and its own tensors, many times: every
     recorded launch carries the launching thread's tensors and n, and each key went through
@@ -55,7 +61,7 @@ def test_fast_launch_from_many_threads(sm90):  # noqa: F811
     assert len(sm90.launches) == THREADS * ROUNDS
     for rec in sm90.launches:
         x, y, out, n = rec.kernel_args[:4]
-        assert all(a is b for a, b in zip((x, y, out), inputs[n - 64]))
+        assert [_address(a) for a in (x, y, out)] == [t.data_ptr() for t in inputs[n - 64]]
     assert sorted(sm90.through_triton) == ["_axpy"] * THREADS  # one first launch per key
     assert len(fast.cache) == THREADS
     assert launch.FAST_LAUNCH  # no thread's race switched the fast path off
@@ -78,11 +84,12 @@ def test_prepared_launches_of_a_shared_plan_from_many_threads(sm90, monkeypatch)
     _run_together(work)
     launches = sm90.launches
     assert len(launches) == THREADS * ROUNDS
-    seen = {id(rec.kernel_args[0]) for rec in launches}
-    assert seen == {id(t[0]) for t in inputs}
+    seen = {_address(rec.kernel_args[0]) for rec in launches}
+    assert seen == {t[0].data_ptr() for t in inputs}
     for rec in launches:
-        i = next(j for j, t in enumerate(inputs) if t[0] is rec.kernel_args[0])
-        assert rec.kernel_args[1] is inputs[i][1] and rec.kernel_args[2] is inputs[i][2]
+        i = next(j for j, t in enumerate(inputs) if t[0].data_ptr() == _address(rec.kernel_args[0]))
+        assert _address(rec.kernel_args[1]) == inputs[i][1].data_ptr()
+        assert _address(rec.kernel_args[2]) == inputs[i][2].data_ptr()
     assert len(plan.prepared) == 1  # one device, one alignment: one prepared launch
 
 

@@ -328,11 +328,12 @@ class Measurement:
     step_ms: list[float]
 
 
-def measure_steps(step: Callable[[Any], torch.Tensor], batches: Sequence, steps: Steps, timer) -> Measurement:
-    """Run ``step`` over ``batches`` (cycled): the first ``steps.loss`` steps record the loss (the
-    first is timed by wall clock, compilation and tuning included), then ``steps.warmup`` untimed
-    steps, then ``steps.timed`` steps timed one by one; ms/step is their median (robust to the odd
-    slow step: a clock change, a host hiccup)."""
+def start_steps(step: Callable[[Any], torch.Tensor], batches: Sequence, steps: Steps,
+                timer) -> tuple[float, list[float]]:
+    """The untimed part of :func:`measure_steps`: the ``steps.loss`` steps that record the loss
+    (the first timed by wall clock, compilation and tuning included), then ``steps.warmup``
+    steps. Returns ``(first_step_s, losses)``; the timed steps start at batch ``steps.loss +
+    steps.warmup``."""
     if steps.loss < 1 or steps.timed < 1 or steps.warmup < 0:
         raise ValueError(f"steps needs loss >= 1, timed >= 1, warmup >= 0, got {steps}")
     if not batches:
@@ -347,9 +348,24 @@ def measure_steps(step: Callable[[Any], torch.Tensor], batches: Sequence, steps:
     offset = steps.loss
     for i in range(steps.warmup):
         step(batches[(offset + i) % len(batches)])
-    offset += steps.warmup
+    return first_step_s, losses
+
+
+def timed_steps(step: Callable[[Any], torch.Tensor], batches: Sequence, first: int, count: int,
+                timer) -> list[float]:
+    """``count`` steps timed one by one (ms), over ``batches`` cycled from index ``first``."""
     step_ms = []
-    for i in range(steps.timed):
-        batch = batches[(offset + i) % len(batches)]
+    for i in range(count):
+        batch = batches[(first + i) % len(batches)]
         step_ms.append(timer.time_ms(lambda: step(batch)))
+    return step_ms
+
+
+def measure_steps(step: Callable[[Any], torch.Tensor], batches: Sequence, steps: Steps, timer) -> Measurement:
+    """Run ``step`` over ``batches`` (cycled): the first ``steps.loss`` steps record the loss (the
+    first is timed by wall clock, compilation and tuning included), then ``steps.warmup`` untimed
+    steps, then ``steps.timed`` steps timed one by one; ms/step is their median (robust to the odd
+    slow step: a clock change, a host hiccup)."""
+    first_step_s, losses = start_steps(step, batches, steps, timer)
+    step_ms = timed_steps(step, batches, steps.loss + steps.warmup, steps.timed, timer)
     return Measurement(statistics.median(step_ms), first_step_s, timer.peak_bytes(), losses, step_ms)

@@ -6,12 +6,14 @@
 * :mod:`.run`: one case (a model and a candidate) in a process of its own, timed a step at a time
   by the benchmark's timer (:func:`..measure.measure_steps`);
 * :mod:`.report`: the rows, compared with torch, written by the benchmark's writers;
+* :mod:`.interleave`: one model's candidates timed in turn in one process (``--interleave``);
 * :mod:`.cli`: the command line and the run.
 """
 
 from ..measure import CudaTimer, Measurement, Steps, WallTimer
 from ..measure import measure_steps as measure
 from .cli import list_models, main, run_models
+from .interleave import interleavable, run_interleaved
 from .report import (CSV_COLUMNS, ModelResult, compare, result_of, table, verdicts, write_csv,
                      write_plot, write_reports)
 from .run import Case, NotApplicable, make_step, prepare, run_case, run_inline, run_isolated
@@ -27,8 +29,9 @@ __all__ = [
     "BasicBlock", "Block", "CANDIDATES", "CSV_COLUMNS", "Case", "CudaTimer", "GPT", "GPTConfig",
     "LIGER", "LIGER_COMPILED", "Measurement", "ModelResult", "ModelWorkload", "NotApplicable",
     "OURS", "OURS_COMPILED", "ResNet", "SIZE_NAMES", "STEPS", "Steps", "TORCH_COMPILE",
-    "TORCH_EAGER", "WORKLOADS", "WallTimer", "Workload", "compare", "list_models", "llama",
+    "TORCH_EAGER", "WORKLOADS", "WallTimer", "Workload", "compare", "interleavable", "list_models",
+    "llama",
     "main", "make_step", "measure", "prepare", "resnet18", "result_of", "run_case", "run_inline",
-    "run_isolated", "run_models", "table", "transformer_encoder", "verdicts", "write_csv",
+    "run_interleaved", "run_isolated", "run_models", "table", "transformer_encoder", "verdicts", "write_csv",
     "write_plot", "write_reports",
 ]

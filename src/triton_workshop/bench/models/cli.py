@@ -30,6 +30,7 @@ import torch
 
 from ..measure import gpu_unavailable_reason
 from .report import ModelResult, compare, result_of, table, verdicts, write_reports
+from .interleave import interleavable, run_interleaved
 from .run import Case, run_inline, run_isolated
 from .workloads import CANDIDATES, SIZE_NAMES, WORKLOADS
 
@@ -67,6 +68,7 @@ def run_models(
     size: str | None = None,
     amp: bool | None = None,
     timer=None,
+    interleave: int = 0,
 ) -> list[ModelResult]:
     """Measure ``models`` (default: all of :data:`WORKLOADS`) for ``candidates`` (default: all),
     torch eager first (the reference for the loss differences). Writes ``models.csv``,
@@ -76,7 +78,11 @@ def run_models(
     On a GPU, every case runs in its own process with ``timeout_s``; ``isolate=False`` runs them
     here. ``device``/``size``/``amp``/``timer`` exist for the CPU tests (``device="cpu"``,
     ``size="tiny"``, ``amp=False``: the interpreter's bf16 dots are not exact, and a fake timer);
-    without ``device``, a missing GPU is a ``RuntimeError``."""
+    without ``device``, a missing GPU is a ``RuntimeError``.
+
+    ``interleave=N`` (N rounds) times each model's candidates in turn in this process instead
+    (:mod:`.interleave`: for host-bound steps, whose times move between processes), except a
+    candidate whose patch holds for the whole process, which runs as above."""
     if device is None:
         reason = gpu_unavailable_reason()
         if reason:
@@ -102,15 +108,29 @@ def run_models(
 
         console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
     out = Path(out)
-    meta = {**_environment(device), "size": size, "amp_bf16": amp, "timeout_s": timeout_s}
+    if interleave < 0:
+        raise ValueError(f"interleave must be >= 0 rounds, got {interleave}")
+    meta = {**_environment(device), "size": size, "amp_bf16": amp, "timeout_s": timeout_s,
+            "interleave_rounds": interleave}
     rows: list[ModelResult] = []
     for name in names:
         workload = WORKLOADS[name]
         console.print(f"[bold]{workload.title}[/] ({workload.describe(size)})")
-        for candidate in chosen:
-            case = Case(workload, candidate, size=size, device=device, amp=amp)
+        cases = [Case(workload, candidate, size=size, device=device, amp=amp)
+                 for candidate in chosen]
+        shared = [c for c in cases if interleavable(c)] if interleave else []
+        if shared:
             started = time.perf_counter()
-            if isolate:
+            together = dict(zip([c.candidate for c in shared],
+                                run_interleaved(shared, interleave, timer)))
+            console.print(f"  {', '.join(together)}: built and timed in turn, {interleave} rounds "
+                          f"[dim]({time.perf_counter() - started:.0f} s)[/]")
+        for case in cases:
+            candidate = case.candidate
+            started = time.perf_counter()
+            if shared and candidate in together:
+                status, payload = together[candidate]
+            elif isolate:
                 status, payload = run_isolated(case, timeout_s)
             else:
                 status, payload = run_inline(case, timer)
@@ -147,13 +167,18 @@ def _parser() -> argparse.ArgumentParser:
                         help="seconds one case may take, compile included (default: %(default)s)")
     parser.add_argument("--no-isolate", action="store_true",
                         help="run the cases in this process (no timeout; for debugging)")
+    parser.add_argument("--interleave", type=int, default=0, metavar="ROUNDS",
+                        help="time each model's candidates in turn, in one process, over ROUNDS "
+                             "rounds (host-bound steps: their times move between processes); "
+                             "all models on the GPU at once, no timeout, no peak memory each")
     parser.add_argument("--list", action="store_true", help="list the models and candidates")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``workshop bench models [--quick] [--out DIR] [--models a,b] [--candidates a,b]
-    [--timeout S] [--no-isolate] [--list]``; returns the exit code (2 without a GPU)."""
+    [--timeout S] [--no-isolate] [--interleave ROUNDS] [--list]``; returns the exit code (2
+    without a GPU)."""
     try:
         args = _parser().parse_args(list(argv) if argv is not None else None)
     except SystemExit as exit_:
@@ -173,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         run_models(quick=args.quick, out=args.out, models=split(args.models) or None,
                    candidates=split(args.candidates) or None, timeout_s=args.timeout,
-                   isolate=not args.no_isolate)  # fmt: skip
+                   isolate=not args.no_isolate, interleave=args.interleave)  # fmt: skip
     except ValueError as exc:
         print(f"workshop bench models: error: {exc}", file=sys.stderr)
         return 2

@@ -103,10 +103,22 @@ class Case:
 def run_case(case: Case, timer=None) -> dict:
     """Build the model (seeded, the same for every candidate), prepare it for the candidate,
     measure. Returns a plain dict (it crosses a process boundary)."""
+    step, batches, steps = build_case(case)
+    timer = timer or default_timer(case)
+    return dataclasses.asdict(measure_steps(step, batches, steps, timer))
+
+
+def default_timer(case: Case):
+    """CUDA events on a GPU, wall time elsewhere."""
+    return CudaTimer() if torch.device(case.device).type == "cuda" else WallTimer()
+
+
+def build_case(case: Case):
+    """``(step, batches, steps)`` of a case: its model built (seeded, the same for every
+    candidate) and prepared for the candidate, on its device, with its optimiser; nothing run."""
     workload, size = case.workload, case.workload.sizes[case.size]
     device = torch.device(case.device)
     steps = case.steps or STEPS[case.size]
-    timer = timer or (CudaTimer() if device.type == "cuda" else WallTimer())
     torch.manual_seed(case.seed)
     if case.candidate in LIGER_CANDIDATES and workload.liger is None:
         raise NotApplicable(f"{LIGER} has no kernels for {workload.name}")
@@ -122,22 +134,25 @@ def run_case(case: Case, timer=None) -> dict:
         model = prepare(model, case.candidate, workload)
     count = max(steps.loss, 4)
     batches = [_to_device(b, device, workload.channels_last) for b in workload.batches(size, count)]
-    step = make_step(model, workload, device, case.amp)
-    m = measure_steps(step, batches, steps, timer)
-    return dataclasses.asdict(m)
+    return make_step(model, workload, device, case.amp), batches, steps
+
+
+def failure(exc: Exception) -> tuple[str, str]:
+    """How the table reports a case that raised ``exc``: ``(status, note)``."""
+    if isinstance(exc, (NotApplicable, ImportError)):
+        return "n/a", str(exc)
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        return "oom", str(exc).splitlines()[0]
+    where = traceback.extract_tb(exc.__traceback__)[-1]
+    return "failed", f"{type(exc).__name__}: {exc} ({Path(where.filename).name}:{where.lineno})"
 
 
 def _child(case: Case, results) -> None:
     """A fresh process's whole life: one case, its result (or its error) on the queue."""
     try:
         results.put(("ok", run_case(case)))
-    except (NotApplicable, ImportError) as exc:
-        results.put(("n/a", str(exc)))
-    except torch.cuda.OutOfMemoryError as exc:
-        results.put(("oom", str(exc).splitlines()[0]))
     except Exception as exc:  # reported in the table: one case failing must not end the run
-        where = traceback.extract_tb(exc.__traceback__)[-1]
-        results.put(("failed", f"{type(exc).__name__}: {exc} ({Path(where.filename).name}:{where.lineno})"))
+        results.put(failure(exc))
 
 
 def run_isolated(case: Case, timeout_s: float) -> tuple[str, Any]:
@@ -178,10 +193,8 @@ def run_inline(case: Case, timer=None) -> tuple[str, Any]:
                        "it runs isolated only")
     try:
         return "ok", run_case(case, timer)
-    except (NotApplicable, ImportError) as exc:
-        return "n/a", str(exc)
-    except Exception as exc:
-        return "failed", f"{type(exc).__name__}: {exc}"
+    except Exception as exc:  # reported in the table: one case failing must not end the run
+        return failure(exc)
     finally:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
