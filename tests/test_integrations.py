@@ -131,6 +131,26 @@ def test_gpt2_patch_model(attention_calls):
     assert not [s for s in again.skipped if not s.policy]
 
 
+def test_gpt2_layer_norm_fused_rule_leaves_its_layer_norms_on_torch():
+    """GPT-2's LayerNorms run on their own (none feeds a fusable Linear): layer_norm="fused"
+    leaves all five on torch, listed by choice, and the model trains as before."""
+    model = gpt2()
+    reference = copy.deepcopy(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PatchWarning)
+        warnings.simplefilter("ignore", InterpreterWarning)
+        counts = hf.patch_model(model, layer_norm="fused")
+    assert counts["layer_norm"] == 0 and counts["attention"] == 2 and counts["conv1d"] == 2
+    left = sorted(s.name for s in counts.skipped if s.kind == "layer_norm")
+    assert left == sorted([f"transformer.h.{i}.ln_{j}" for i in (0, 1) for j in (1, 2)]
+                          + ["transformer.ln_f"])
+    assert all(s.policy for s in counts.skipped if s.kind == "layer_norm")
+    assert type(model.transformer.ln_f) is torch.nn.LayerNorm
+    assert_same_training_step(model, reference, input_ids=tokens())
+    with pytest.raises(ValueError, match="layer_norm must be"):
+        hf.patch_model(gpt2(), layer_norm="sometimes")
+
+
 def test_linear_always_swaps_every_conv1d_and_linear():
     model = gpt2()
     reference = copy.deepcopy(model)

@@ -151,6 +151,35 @@ def test_conv2d(channels_last):
     assert_same_function(model, reference, x)
 
 
+def test_layer_norm_fused_rule_keeps_only_the_fused_layer_norms():
+    """layer_norm="fused": a LayerNorm → Linear pair in a Sequential runs fused; a LayerNorm on its
+    own (here inside a custom forward) stays on torch, listed by choice; the values stay the
+    unpatched model's."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Sequential(nn.LayerNorm(24), nn.Linear(24, 24)),  # no activation: LN + Linear fuse
+        MLPBlock(),
+    ).to(DEVICE)  # fmt: skip
+    reference = copy.deepcopy(model)
+    result = patch_quietly(model, layer_norm="fused")
+    assert result == counts(layer_norm=1, linear=1)
+    assert fused(result) == {"layer_norm_linear": 1}
+    assert type(model[0][0]) is tw.LayerNorm and type(model[1].norm) is nn.LayerNorm
+    norm_left = [s for s in result.skipped if s.kind == "layer_norm"]
+    assert [(s.name, s.policy) for s in norm_left] == [("1.norm", True)]
+    assert "layer_norm='fused'" in norm_left[0].reason
+    assert_same_function(model, reference, rand(3, 5, 24, seed=2))
+    # The other values, and bad ones refused by name before anything changes.
+    assert patch_quietly(copy.deepcopy(reference), layer_norm="always")["layer_norm"] == 2
+    assert patch_quietly(copy.deepcopy(reference), layer_norm=True)["layer_norm"] == 2
+    assert patch_quietly(copy.deepcopy(reference), layer_norm="never")["layer_norm"] == 0
+    assert patch_quietly(copy.deepcopy(reference), layer_norm=False)["layer_norm"] == 0
+    with pytest.raises(ValueError, match="layer_norm must be"):
+        tw.patch(copy.deepcopy(reference), layer_norm="sometimes")
+    with pytest.raises(TypeError, match="layer_norm must be"):
+        tw.patch(copy.deepcopy(reference), layer_norm=1)
+
+
 def test_conv2d_policy_values():
     model = nn.Sequential(nn.Conv2d(3, 4, 3)).to(DEVICE).to(memory_format=torch.channels_last)
     assert patch_quietly(copy.deepcopy(model), conv2d=False) == counts()

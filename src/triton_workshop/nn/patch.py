@@ -131,6 +131,9 @@ from .swap_rules import (  # noqa: F401 - re-exported, as above
 LINEAR_POLICIES = ("fused", "always", "never")
 #: The values of ``conv2d=``: True is "auto", False is "never".
 CONV2D_POLICIES = ("auto", "always", "never")
+#: The values of ``layer_norm=``: True is "always", False is "never"; "fused" swaps only the
+#: LayerNorms that run fused with the Linear after them.
+LAYER_NORM_POLICIES = ("always", "fused", "never")
 
 
 # --------------------------------------------------------------------------------------------
@@ -191,17 +194,20 @@ class Plan:
 
 
 def plan_patch(model: nn.Module, *, kinds: Iterable[str], extra=None, linear: str = "fused",
-               conv2d: str = "auto") -> Plan:
+               conv2d: str = "auto", layer_norm: str = "always") -> Plan:
     """Decide every swap (see :func:`patch`); ``extra(name, module)`` may claim a module first:
     it returns None (not its business), ``(None, None, None)`` (its business: leave the module
     as it is, unlisted), or ``(kind, swaps, reason)`` (a :class:`PolicyReason` for a choice).
     ``linear`` is the rule for plain Linears (:data:`LINEAR_POLICIES`), ``conv2d`` the rule for
-    Conv2ds (:data:`CONV2D_POLICIES`); each is read only when its kind is among ``kinds``."""
+    Conv2ds (:data:`CONV2D_POLICIES`), ``layer_norm`` the rule for LayerNorms
+    (:data:`LAYER_NORM_POLICIES`); each is read only when its kind is among ``kinds``."""
     check_model(model)
     if linear not in LINEAR_POLICIES:
         raise ValueError(f"linear must be one of {LINEAR_POLICIES}, got {linear!r}")
     if conv2d not in CONV2D_POLICIES:
         raise ValueError(f"conv2d must be one of {CONV2D_POLICIES}, got {conv2d!r}")
+    if layer_norm not in LAYER_NORM_POLICIES:
+        raise ValueError(f"layer_norm must be one of {LAYER_NORM_POLICIES}, got {layer_norm!r}")
     kinds = set(kinds)
     plan = Plan()
     owned: list[str] = []  # prefixes of subtrees that belong to a module taken whole
@@ -232,6 +238,8 @@ def plan_patch(model: nn.Module, *, kinds: Iterable[str], extra=None, linear: st
         _keep_on_torch(plan, "linear", lambda m: id(m) not in fused_ids, UNFUSED_LINEAR)
     if conv2d == "auto":
         _keep_on_torch(plan, "conv2d", lambda m: True, CUDNN_CONV)
+    if layer_norm == "fused":
+        _keep_on_torch(plan, "layer_norm", lambda m: id(m) not in fused_ids, UNFUSED_LAYER_NORM)
     if linear != "always":
         _projections_on_cublas(plan)
     _plan_encoders(model, plan)
@@ -273,6 +281,13 @@ def _keep_on_torch(plan: Plan, kind: str, stays, reason: PolicyReason) -> None:
         else:
             kept.append(swap)
     plan.swaps[:] = kept
+
+
+#: Why a LayerNorm stays on torch under ``layer_norm="fused"``.
+UNFUSED_LAYER_NORM = PolicyReason(
+    "a LayerNorm with no Linear fused after it, under layer_norm='fused': its kernel is faster "
+    "but costs more host time a call than torch's, which sets the pace of host-bound steps"
+)
 
 
 #: Why a Conv2d stays on torch under the default rule.
@@ -421,6 +436,12 @@ def conv2d_policy(value) -> str:
     return _policy(value, "conv2d", CONV2D_POLICIES)
 
 
+def layer_norm_policy(value) -> str:
+    """``layer_norm=`` as one of :data:`LAYER_NORM_POLICIES`: True is "always", False is
+    "never"."""
+    return _policy(value, "layer_norm", LAYER_NORM_POLICIES)
+
+
 def linear_policy(value) -> str:
     """``linear=`` as one of :data:`LINEAR_POLICIES`: True is "fused", False is "never"."""
     return _policy(value, "linear", LINEAR_POLICIES)
@@ -429,7 +450,7 @@ def linear_policy(value) -> str:
 def patch(
     model: nn.Module,
     *,
-    layer_norm: bool = True,
+    layer_norm: bool | str = True,
     rms_norm: bool = True,
     linear: bool | str = True,
     conv2d: bool | str = True,
@@ -443,6 +464,11 @@ def patch(
     neighbour, ``"always"`` every Linear, ``False`` / ``"never"`` none. ``conv2d``: ``True`` /
     ``"auto"`` (the default) leaves every Conv2d on cuDNN (the faster one in a training step,
     listed in ``skipped``), ``"always"`` swaps every Conv2d, ``False`` / ``"never"`` none.
+    ``layer_norm``: ``True`` / ``"always"`` (the default) swaps every LayerNorm, ``"fused"``
+    only those that run fused with the Linear after them (the others stay on torch, listed in
+    ``skipped``: where the host sets a step's pace, small batches especially, a LayerNorm on its
+    own costs more host time than its faster kernel saves; docs/results.md), ``False`` /
+    ``"never"`` none.
 
     Returns the modules swapped per kind (``{"layer_norm": n, "rms_norm": n, "linear": n,
     "conv2d": n, "attention": n}``) as a :class:`PatchCounts` ``dict`` whose ``fused`` attribute
@@ -454,13 +480,14 @@ def patch(
     """
     policy = linear_policy(linear)
     conv_policy = conv2d_policy(conv2d)
+    norm_policy = layer_norm_policy(layer_norm)
     flags = {
-        "layer_norm": check_flag(layer_norm, "layer_norm"),
+        "layer_norm": norm_policy != "never",
         "rms_norm": check_flag(rms_norm, "rms_norm"),
         "linear": policy != "never",
         "conv2d": conv_policy != "never",
         "attention": check_flag(attention, "attention"),
     }
     plan = plan_patch(model, kinds=[kind for kind, on in flags.items() if on], linear=policy,
-                      conv2d=conv_policy)
+                      conv2d=conv_policy, layer_norm=norm_policy)
     return apply_plan(plan)

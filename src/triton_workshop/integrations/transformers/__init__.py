@@ -88,6 +88,7 @@ from ...nn.patch import (
     apply_plan,
     check_flag,
     conv2d_policy,
+    layer_norm_policy,
     linear_policy,
     plan_patch,
     warn_if_interpreted,
@@ -390,7 +391,7 @@ def _set_attention(model, plan, n_modules: int) -> None:
 def patch_model(
     model: nn.Module,
     *,
-    layer_norm: bool = True,
+    layer_norm: bool | str = True,
     rms_norm: bool = True,
     linear: bool | str = True,
     conv1d: bool = True,
@@ -413,13 +414,15 @@ def patch_model(
     :class:`~triton_workshop.nn.patch.PatchWarning`)."""
     flags = {
         name: check_flag(value, name)
-        for name, value in (("layer_norm", layer_norm), ("rms_norm", rms_norm),
+        for name, value in (("rms_norm", rms_norm),
                             ("conv1d", conv1d), ("attention", attention),
                             ("rope", rope), ("mlp", mlp), ("cross_entropy", cross_entropy),
                             ("add_rms_norm", add_rms_norm))
     }  # fmt: skip
     policy = linear_policy(linear)
     conv_policy = conv2d_policy(conv2d)
+    norm_policy = layer_norm_policy(layer_norm)
+    flags["layer_norm"] = norm_policy != "never"
     flags["conv2d"] = conv_policy != "never"
     register()
     claim, gelu_into, dropout_into = conv1d_claim(policy, flags["conv1d"])
@@ -428,7 +431,8 @@ def patch_model(
         kinds.append("linear")
     if flags["attention"]:
         kinds.append("attention")  # torch.nn.MultiheadAttention, where a model has one
-    plan = plan_patch(model, kinds=kinds, extra=claim, linear=policy, conv2d=conv_policy)
+    plan = plan_patch(model, kinds=kinds, extra=claim, linear=policy, conv2d=conv_policy,
+                      layer_norm=norm_policy)
     for key in EXTRA_COUNT_KEYS:
         plan.counts.setdefault(key, 0)
 
