@@ -25,14 +25,13 @@ import torch
 
 from ..measure import start_steps, timed_steps
 from .run import Case, build_case, default_timer, failure
+from .workloads import LIGER_CANDIDATES
 
 __all__ = ["interleavable", "run_interleaved"]
 
 
 def interleavable(case: Case) -> bool:
     """Whether ``case`` may share a process with the other candidates of its model."""
-    from .workloads import LIGER_CANDIDATES
-
     return not (case.candidate in LIGER_CANDIDATES and case.workload.liger_process_wide)
 
 
