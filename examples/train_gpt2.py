@@ -13,7 +13,8 @@ corpus, so the loss falls as the model memorises it). Nothing is downloaded.
 
     python examples/train_gpt2.py                      # GPT-2 124M, batch 8 x 1024, 20 steps
     python examples/train_gpt2.py --no-patch           # torch's modules, for comparison
-    python examples/train_gpt2.py --compile            # patched, then torch.compile
+    python examples/train_gpt2.py --compile            # patched (compiled=True), then
+                                                       # torch.compile
     python examples/train_gpt2.py --tiny --device cpu  # a toy size, runs in the interpreter
     python examples/train_gpt2.py --hf                 # transformers' GPT2LMHeadModel instead
                                                        # (pip install transformers)
@@ -80,12 +81,14 @@ def build_model(args) -> torch.nn.Module:
 
 
 def patch(model, args) -> None:
+    # A model that will be compiled leaves its LayerNorms to Inductor, which fuses each with the
+    # residual add before it (compiled=True; the rest is swapped as usual).
     if args.hf:
         from triton_workshop.integrations.transformers import patch_model
 
-        counts = patch_model(model)
+        counts = patch_model(model, compiled=args.compile)
     else:
-        counts = tw.nn.patch(model)
+        counts = tw.nn.patch(model, compiled=args.compile)
     print("patched:", counts.describe())
 
 

@@ -34,7 +34,7 @@ transformers = pytest.importorskip(
     "transformers", reason="transformers is not installed (optional: pip install transformers)"
 )
 hf = pytest.importorskip("triton_workshop.integrations.transformers")
-from triton_workshop.integrations.transformers import decoder  # noqa: E402
+from triton_workshop.integrations.transformers import decoder, families  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("ieee_fp32")
 
@@ -181,6 +181,34 @@ def test_counts_and_skipped(family):
     again = hf.patch_model(model)
     assert not any(again.values())
     assert not [s for s in again.skipped if not s.policy] or family in EXPECTED_SKIPPED
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma", "gpt2"])
+def test_compiled_leaves_the_norms_to_inductor(family):
+    """compiled=True: every RMSNorm (and with it each layer's residual add) or LayerNorm stays on
+    torch, listed by choice; the rest is counted as without it; the loss stays the model's."""
+    model = build(family)
+    reference = copy.deepcopy(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PatchWarning)  # nothing left for a limitation
+        warnings.simplefilter("ignore", InterpreterWarning)
+        counts = hf.patch_model(model, compiled=True)
+    norms = {"rms_norm", "add_rms_norm", "layer_norm"}
+    expected = {k: v for k, v in EXPECTED[family].items() if k not in norms}
+    assert {k: v for k, v in counts.items() if v} == expected
+    left = [s for s in counts.skipped if s.kind in norms]
+    assert len(left) == sum(v for k, v in EXPECTED[family].items() if k in norms)
+    assert all(s.policy for s in left)
+    assert not [name for name, m in model.named_modules()  # as they were: not ours
+                if name.endswith(("norm", "ln_1", "ln_2", "ln_f"))
+                and (type(m).__module__.startswith("triton_workshop")
+                     or families.patched_kind(m) is not None)]
+    ids = tokens(batch=1)
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ids, labels=ids).loss,
+                                   reference(input_ids=ids, labels=ids).loss, **TOL)
+    with pytest.raises(TypeError, match="compiled must be a bool"):
+        hf.patch_model(build(family), compiled=1)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -180,6 +180,32 @@ def test_layer_norm_fused_rule_keeps_only_the_fused_layer_norms():
         tw.patch(copy.deepcopy(reference), layer_norm=1)
 
 
+def test_compiled_leaves_the_standalone_norms_to_inductor():
+    """compiled=True (a model about to be compiled): the LayerNorm fused with the Linear after it
+    stays swapped, the LayerNorm and the RMSNorm that run on their own stay on torch, listed by
+    choice with the reason; the values stay the unpatched model's."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Sequential(nn.LayerNorm(24), nn.Linear(24, 24)),  # no activation: LN + Linear fuse
+        MLPBlock(),
+        nn.RMSNorm(24),
+    ).to(DEVICE)  # fmt: skip
+    reference = copy.deepcopy(model)
+    result = patch_quietly(model, compiled=True)
+    assert result == counts(layer_norm=1, linear=1)
+    assert fused(result) == {"layer_norm_linear": 1}
+    assert type(model[0][0]) is tw.LayerNorm
+    assert type(model[1].norm) is nn.LayerNorm and type(model[2]) is nn.RMSNorm
+    left = {(s.name, s.kind, s.policy) for s in result.skipped if "norm" in s.kind}
+    assert left == {("1.norm", "layer_norm", True), ("2", "rms_norm", True)}
+    assert all("compiled=True" in s.reason for s in result.skipped if "norm" in s.kind)
+    assert_same_function(model, reference, rand(3, 5, 24, seed=2))
+    # Not compiled (the default): every norm swapped.
+    assert patch_quietly(copy.deepcopy(reference)) == counts(layer_norm=2, rms_norm=1, linear=1)
+    with pytest.raises(TypeError, match="compiled must be a bool"):
+        tw.patch(copy.deepcopy(reference), compiled="yes")
+
+
 def test_conv2d_policy_values():
     model = nn.Sequential(nn.Conv2d(3, 4, 3)).to(DEVICE).to(memory_format=torch.channels_last)
     assert patch_quietly(copy.deepcopy(model), conv2d=False) == counts()

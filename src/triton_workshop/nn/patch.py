@@ -7,6 +7,8 @@
     optimizer = torch.optim.AdamW(model.parameters())   # before or after: the same Parameters
     model = torch.compile(model)                # optional, after patch()
 
+A model that will be compiled is patched with ``patch(model, compiled=True)`` (see below).
+
 What is swapped (exact classes only; a subclass may compute something else, so it is listed):
 
 ========================================  ===========================================
@@ -50,6 +52,13 @@ host time a call, so it stays on torch, listed in ``skipped`` (with ``policy=Tru
 same rule: on cuBLAS (``F.linear``, its ``out_proj`` left torch's) unless ``linear="always"``.
 The rule is the same in interpreter mode, so that a
 model patched on the CPU has the modules it would have on the GPU.
+
+**Compiled models.** Under ``torch.compile`` Inductor writes its own kernel for a norm and fuses
+the residual add before it and the casts around it into that kernel, which a separate Triton
+kernel cannot join: in compiled training steps on an H200 the standalone norms on our kernels
+made GPT-2 and a LLaMA slower, while attention and the fused Linear+GELU made them faster
+(docs/results.md). ``compiled=True`` (for a model about to be compiled) leaves each LayerNorm and
+RMSNorm that runs on its own on torch, listed in ``skipped``; the rest is swapped as usual.
 
 **Interpreter mode.** Without a GPU the kernels run in Triton's interpreter, 50-90x slower than
 torch on the CPU: ``patch`` says so once a process in an :class:`InterpreterWarning` (a
@@ -194,13 +203,15 @@ class Plan:
 
 
 def plan_patch(model: nn.Module, *, kinds: Iterable[str], extra=None, linear: str = "fused",
-               conv2d: str = "auto", layer_norm: str = "always") -> Plan:
+               conv2d: str = "auto", layer_norm: str = "always", compiled: bool = False) -> Plan:
     """Decide every swap (see :func:`patch`); ``extra(name, module)`` may claim a module first:
     it returns None (not its business), ``(None, None, None)`` (its business: leave the module
     as it is, unlisted), or ``(kind, swaps, reason)`` (a :class:`PolicyReason` for a choice).
     ``linear`` is the rule for plain Linears (:data:`LINEAR_POLICIES`), ``conv2d`` the rule for
     Conv2ds (:data:`CONV2D_POLICIES`), ``layer_norm`` the rule for LayerNorms
-    (:data:`LAYER_NORM_POLICIES`); each is read only when its kind is among ``kinds``."""
+    (:data:`LAYER_NORM_POLICIES`); each is read only when its kind is among ``kinds``.
+    ``compiled``: the model will run under ``torch.compile``, so the norms that run on their own
+    stay on torch for Inductor (:data:`LEFT_TO_INDUCTOR`)."""
     check_model(model)
     if linear not in LINEAR_POLICIES:
         raise ValueError(f"linear must be one of {LINEAR_POLICIES}, got {linear!r}")
@@ -238,8 +249,11 @@ def plan_patch(model: nn.Module, *, kinds: Iterable[str], extra=None, linear: st
         _keep_on_torch(plan, "linear", lambda m: id(m) not in fused_ids, UNFUSED_LINEAR)
     if conv2d == "auto":
         _keep_on_torch(plan, "conv2d", lambda m: True, CUDNN_CONV)
-    if layer_norm == "fused":
-        _keep_on_torch(plan, "layer_norm", lambda m: id(m) not in fused_ids, UNFUSED_LAYER_NORM)
+    if layer_norm == "fused" or compiled:
+        _keep_on_torch(plan, "layer_norm", lambda m: id(m) not in fused_ids,
+                       LEFT_TO_INDUCTOR if compiled else UNFUSED_LAYER_NORM)
+    if compiled:
+        _keep_on_torch(plan, "rms_norm", lambda m: True, LEFT_TO_INDUCTOR)
     if linear != "always":
         _projections_on_cublas(plan)
     _plan_encoders(model, plan)
@@ -287,6 +301,14 @@ def _keep_on_torch(plan: Plan, kind: str, stays, reason: PolicyReason) -> None:
 UNFUSED_LAYER_NORM = PolicyReason(
     "a LayerNorm with no Linear fused after it, under layer_norm='fused': its kernel is faster "
     "but costs more host time a call than torch's, which sets the pace of host-bound steps"
+)
+
+
+#: Why a norm that runs on its own stays on torch under ``compiled=True``.
+LEFT_TO_INDUCTOR = PolicyReason(
+    "left to torch.compile (compiled=True): Inductor fuses a norm with the adds and casts around "
+    "it, which ran faster than a separate kernel in compiled training steps (GPT-2, LLaMA on an "
+    "H200)"
 )
 
 
@@ -455,6 +477,7 @@ def patch(
     linear: bool | str = True,
     conv2d: bool | str = True,
     attention: bool = True,
+    compiled: bool = False,
 ) -> dict[str, int]:
     """Swap ``model``'s ``torch.nn.LayerNorm``, ``RMSNorm``, ``Linear``, ``Conv2d`` and
     ``MultiheadAttention`` modules (each kind unless its flag is False) for triton-workshop's, in
@@ -468,7 +491,11 @@ def patch(
     only those that run fused with the Linear after them (the others stay on torch, listed in
     ``skipped``: where the host sets a step's pace, small batches especially, a LayerNorm on its
     own costs more host time than its faster kernel saves; docs/results.md), ``False`` /
-    ``"never"`` none.
+    ``"never"`` none. ``compiled=True`` says the model will run under ``torch.compile``: each
+    LayerNorm or RMSNorm that runs on its own then stays on torch (listed in ``skipped``), where
+    Inductor fuses it with the residual add before it and the casts around it, faster than a
+    separate kernel in compiled training steps; what Inductor cannot fuse as well (attention,
+    Linear with an activation, the LayerNorm before a Linear) is swapped as usual.
 
     Returns the modules swapped per kind (``{"layer_norm": n, "rms_norm": n, "linear": n,
     "conv2d": n, "attention": n}``) as a :class:`PatchCounts` ``dict`` whose ``fused`` attribute
@@ -489,5 +516,6 @@ def patch(
         "attention": check_flag(attention, "attention"),
     }
     plan = plan_patch(model, kinds=[kind for kind, on in flags.items() if on], linear=policy,
-                      conv2d=conv_policy, layer_norm=norm_policy)
+                      conv2d=conv_policy, layer_norm=norm_policy,
+                      compiled=check_flag(compiled, "compiled"))
     return apply_plan(plan)

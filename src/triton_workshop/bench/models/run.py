@@ -36,14 +36,16 @@ class NotApplicable(Exception):
 
 def prepare(model: nn.Module, candidate: str, workload: ModelWorkload | None = None) -> nn.Module:
     """The model as ``candidate`` runs it: torch's candidates and triton-workshop's (patched by
-    ``workload.patch``, by default :func:`triton_workshop.nn.patch`). Liger-Kernel's are applied
-    by :func:`run_case`, before the model moves to its device."""
+    ``workload.patch``, by default :func:`triton_workshop.nn.patch`; with ``compiled=True`` for
+    the compiled candidate). Liger-Kernel's are applied by :func:`run_case`, before the model
+    moves to its device."""
     if candidate == TORCH_EAGER:
         return model
     if candidate == TORCH_COMPILE:
         return torch.compile(model)
     if candidate in (OURS, OURS_COMPILED):
-        (workload.patch if workload is not None else patch_torch_modules)(model)
+        patch = workload.patch if workload is not None else patch_torch_modules
+        patch(model, candidate == OURS_COMPILED)
         return torch.compile(model) if candidate == OURS_COMPILED else model
     raise ValueError(f"unknown candidate {candidate!r}; valid: {', '.join(CANDIDATES)}")
 

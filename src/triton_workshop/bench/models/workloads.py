@@ -111,6 +111,23 @@ def _regression_loss(model, batch) -> torch.Tensor:
     return F.mse_loss(model(x).float(), target)
 
 
+def _linear_cross_entropy_loss(weight: torch.Tensor, hidden: torch.Tensor,
+                               targets: torch.Tensor) -> torch.Tensor:
+    """A GPT's ``fused_loss`` (its argument order) on triton-workshop's fused loss."""
+    from ...ops.cross_entropy import linear_cross_entropy
+
+    return linear_cross_entropy(hidden, weight, targets)
+
+
+def _patch_gpt(model: nn.Module, compiled: bool = False) -> None:
+    """triton-workshop's GPT: its modules patched and, eagerly, its loss fused with the LM head
+    (``linear_cross_entropy``: no logits in memory; Liger-Kernel's candidate has its own fused
+    loss). Compiled, the loss stays Inductor's, the faster one there (docs/results.md)."""
+    patch_torch_modules(model, compiled)
+    if not compiled:
+        model.fused_loss = _linear_cross_entropy_loss
+
+
 def _liger_gpt(model: nn.Module) -> nn.Module:
     """Liger-Kernel's pieces for a GPT: its LayerNorm and its fused linear cross-entropy."""
     from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
@@ -168,19 +185,20 @@ def _tokens(size: dict) -> int:
     return size["batch"] * size["seq"]
 
 
-def patch_torch_modules(model: nn.Module) -> None:
-    """triton-workshop's version of a model built from ``torch.nn`` modules."""
+def patch_torch_modules(model: nn.Module, compiled: bool = False) -> None:
+    """triton-workshop's version of a model built from ``torch.nn`` modules (``compiled``: the
+    version for torch.compile, its standalone norms left to Inductor)."""
     from ...nn import patch
 
-    patch(model)
+    patch(model, compiled=compiled)
 
 
-def patch_transformers_model(model: nn.Module) -> None:
+def patch_transformers_model(model: nn.Module, compiled: bool = False) -> None:
     """triton-workshop's version of a transformers model (attention, RMSNorm, RoPE, SwiGLU,
-    the loss)."""
+    the loss; ``compiled``: the version for torch.compile, its norms left to Inductor)."""
     from ...integrations.transformers import patch_model
 
-    patch_model(model)
+    patch_model(model, compiled=compiled)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,7 +216,9 @@ class ModelWorkload:
     optimizer: str = "adamw"  # "adamw_fused" (fused on a GPU) or "sgd"
     channels_last: bool = False
     liger: Callable[[nn.Module], nn.Module] | None = None  # None: Liger-Kernel has nothing for it
-    patch: Callable[[nn.Module], Any] = patch_torch_modules  # triton-workshop's version, in place
+    #: triton-workshop's version, in place: ``patch(model, compiled)``, ``compiled`` for the
+    #: candidate that torch.compile then runs.
+    patch: Callable[[nn.Module, bool], Any] = patch_torch_modules
     tokens: Callable[[dict], int] | None = None  # tokens a step processes (tokens/s); None: no tokens
     #: Liger's patch replaces library classes for the whole process: the case needs its own.
     liger_process_wide: bool = False
@@ -243,7 +263,8 @@ WORKLOADS: dict[str, ModelWorkload] = {
     w.name: w
     for w in (
         ModelWorkload("gpt2_train", "GPT-2 124M training step (fwd+bwd+AdamW)", _gpt_model,
-                 _gpt_batches, _gpt_loss, _GPT_SIZES, liger=_liger_gpt, tokens=_tokens),
+                 _gpt_batches, _gpt_loss, _GPT_SIZES, liger=_liger_gpt, patch=_patch_gpt,
+                 tokens=_tokens),
         ModelWorkload("gpt2_prefill", "GPT-2 124M inference (prefill)", _gpt_model, _gpt_batches,
                  _gpt_prefill_loss, _GPT_SIZES, train=False, liger=_liger_layer_norms,
                  tokens=_tokens),

@@ -401,6 +401,7 @@ def patch_model(
     mlp: bool = True,
     cross_entropy: bool = True,
     add_rms_norm: bool = True,
+    compiled: bool = False,
 ) -> dict[str, int]:
     """Patch a transformers model in place (see the module docstring): returns the counts of
     :func:`triton_workshop.nn.patch` plus ``conv1d``, ``rope``, ``swiglu``, ``geglu``,
@@ -411,13 +412,16 @@ def patch_model(
     fused into one (applied while the model trains). ``linear`` as in ``nn.patch``: ``True``/``"fused"`` (default),
     ``"always"``, ``False``/``"never"``; it also rules GPT-2's Conv1D. Modules left as they were
     are in the result's ``skipped`` list (and, unless left by the ``linear`` rule, in a
-    :class:`~triton_workshop.nn.patch.PatchWarning`)."""
+    :class:`~triton_workshop.nn.patch.PatchWarning`). ``compiled=True``, for a model about to
+    be compiled, leaves the norms that run on their own (RMSNorms, with their residual adds, and
+    LayerNorms) on torch, where Inductor fuses them with the ops around them, as
+    :func:`triton_workshop.nn.patch` does; they are listed in ``skipped``."""
     flags = {
         name: check_flag(value, name)
         for name, value in (("rms_norm", rms_norm),
                             ("conv1d", conv1d), ("attention", attention),
                             ("rope", rope), ("mlp", mlp), ("cross_entropy", cross_entropy),
-                            ("add_rms_norm", add_rms_norm))
+                            ("add_rms_norm", add_rms_norm), ("compiled", compiled))
     }  # fmt: skip
     policy = linear_policy(linear)
     conv_policy = conv2d_policy(conv2d)
@@ -432,7 +436,7 @@ def patch_model(
     if flags["attention"]:
         kinds.append("attention")  # torch.nn.MultiheadAttention, where a model has one
     plan = plan_patch(model, kinds=kinds, extra=claim, linear=policy, conv2d=conv_policy,
-                      layer_norm=norm_policy)
+                      layer_norm=norm_policy, compiled=flags["compiled"])
     for key in EXTRA_COUNT_KEYS:
         plan.counts.setdefault(key, 0)
 
@@ -452,7 +456,7 @@ def patch_model(
     for name, module in model.named_modules():
         plan_module(name, module, flags, plan, changes, norms)
     if flags["rms_norm"] and flags["add_rms_norm"]:
-        plan_decoder_layers(model, plan, changes, norms)
+        plan_decoder_layers(model, plan, changes, norms, flags["compiled"])
     set_attention = _plan_attention(model, flags, plan, changes)
     if flags["cross_entropy"] and hasattr(model, "lm_head") and families.patched_kind(model) is None:
         reason = loss.loss_reason(model)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ... import runtime
-from ...nn.patch import dtype_device, dtype_reason
+from ...nn.patch import LEFT_TO_INDUCTOR, dtype_device, dtype_reason
 from . import decoder, families
 
 
@@ -24,6 +24,9 @@ def plan_module(name, module, flags, plan, changes, norms: set[int]) -> None:
     recipe = families.norm_recipe(module)
     if recipe is not None or type(module).__name__.endswith("RMSNorm"):
         if not flags["rms_norm"]:
+            return
+        if flags["compiled"]:  # Inductor fuses it with the add before it and its casts
+            plan.skip(name, "rms_norm", LEFT_TO_INDUCTOR)
             return
         dtype, reason = dtype_device(module)
         reason = reason or families.forward_replaced(module) or dtype_reason(
@@ -53,10 +56,11 @@ def plan_module(name, module, flags, plan, changes, norms: set[int]) -> None:
     plan.counts[mlp.glu] += 1
 
 
-def plan_decoder_layers(model, plan, changes, norms: set[int]) -> None:
+def plan_decoder_layers(model, plan, changes, norms: set[int], compiled: bool = False) -> None:
     """The decoder layers whose residual add runs in the RMSNorm after it (see :mod:`.decoder`):
     where the layer's forward is known and that norm is on the kernel (``norms``, or from an
-    earlier patch_model)."""
+    earlier patch_model). ``compiled``: the norms were left to Inductor by choice, and their
+    adds with them."""
     for name, layer in model.named_modules():
         if families.patched_kind(layer) is not None:
             continue
@@ -66,7 +70,8 @@ def plan_decoder_layers(model, plan, changes, norms: set[int]) -> None:
         if reason is None:
             norm = getattr(layer, recipe.norm_attr)
             if id(norm) not in norms and families.patched_kind(norm) != "rms_norm":
-                reason = f"its {recipe.norm_attr} stays on torch"
+                reason = (LEFT_TO_INDUCTOR if compiled
+                          else f"its {recipe.norm_attr} stays on torch")
         if reason:
             plan.skip(name, "add_rms_norm", reason)
             continue
