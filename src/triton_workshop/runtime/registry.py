@@ -26,7 +26,7 @@ from typing import Callable, Sequence
 import torch
 from torch._library.triton import is_wrap_triton_enabled
 
-from . import launch, mode, tuned
+from . import kernel_analysis, launch, mode, tuned
 
 
 #: Per thread: whether the launcher running now was called directly (not traced), so its
@@ -47,6 +47,7 @@ def wrap_triton(kernel):
     the traceable wrapper's dispatch costs more than a small kernel runs."""
     if launching_directly():
         return launch.fast_launcher(kernel) if launch.FAST_LAUNCH else kernel
+    kernel_analysis.install()  # traced: Inductor analyses each launch (once a signature, so)
     if len(getattr(kernel, "configs", ())) > 1 and hasattr(kernel, "cache"):
         return _TracedAutotuned(kernel)
     return torch.library.wrap_triton(kernel)
