@@ -18,8 +18,13 @@ class Param:
         self.name, self.is_constexpr = name, is_constexpr
 
 
-class Kernel:  # stands in for a JITFunction: the analysis is keyed by the object
+def body(x, n, BLOCK, shape):
+    pass
+
+
+class Kernel:  # stands in for a JITFunction (its parameters, and its Python function as .fn)
     params = [Param("x"), Param("n"), Param("BLOCK", is_constexpr=True), Param("shape")]
+    fn = staticmethod(body)
 
 
 class Autotuned:  # an autotuner: the JITFunction's parameters are read through .fn

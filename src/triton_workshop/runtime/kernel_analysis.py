@@ -68,8 +68,8 @@ def _argument_key(value, constexpr: bool):
 def _constexpr_names(kernel) -> frozenset | None:
     """The names of ``kernel``'s constexpr parameters (a JITFunction's, or an autotuner's
     function's), or None where it has none to read."""
-    fn = getattr(kernel, "fn", kernel)  # an Autotuner (or Heuristics) wraps the JITFunction
-    while not hasattr(fn, "params") and hasattr(fn, "fn"):
+    fn = kernel  # a JITFunction has them; an Autotuner (or Heuristics) wraps one as .fn
+    while getattr(fn, "params", None) is None and hasattr(fn, "fn"):
         fn = fn.fn
     params = getattr(fn, "params", None)
     if params is None:
