@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
+from triton.runtime.autotuner import Autotuner
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from triton_workshop.runtime import kernel_analysis
@@ -27,9 +29,10 @@ class Kernel:  # stands in for a JITFunction (its parameters, and its Python fun
     fn = staticmethod(body)
 
 
-class Autotuned:  # an autotuner: the JITFunction's parameters are read through .fn
-    def __init__(self):
-        self.fn = Kernel()
+class Autotuned(Autotuner):  # the JITFunction's parameters are read through .fn
+    def __init__(self, fn, *first_kwargs):  # Autotuner's own __init__ reads a real kernel
+        self.fn = fn
+        self.configs = [triton.Config(kwargs) for kwargs in first_kwargs]
 
 
 @pytest.fixture
@@ -82,10 +85,24 @@ def test_one_analysis_per_signature(analysed):
     analyse(kernel, {"x": fake(3), "n": 40, "BLOCK": 128}, {})
     analyse(kernel, {"x": fake(3), "n": 48, "BLOCK": 64}, {})
     assert len(calls) == 8
-    tuned = Autotuned()
-    analyse(tuned, {"x": x, "n": 8, "BLOCK": 64}, {})
-    analyse(tuned, {"x": x, "n": 24, "BLOCK": 64}, {})
+    tuned = Autotuned(Kernel(), {"BLOCK": 64}, {"BLOCK": 128})
+    analyse(tuned, {"x": x, "n": 8}, {})
+    analyse(tuned, {"x": x, "n": 24}, {})
     assert len(calls) == 9
+
+
+def test_autotuners_of_one_kernel_and_first_config_share_one_analysis(analysed):
+    """torch.compile wraps a kernel launched with num_warps= in a new autotuner at each launch
+    site: what the analysis reads of one is its function and its first config's arguments."""
+    analyse, calls = analysed
+    kernel, x = Kernel(), fake(8)
+    for _ in range(3):
+        analyse(Autotuned(kernel, {"BLOCK": 64}), {"x": x, "n": 8}, {})
+    assert len(calls) == 1
+    analyse(Autotuned(kernel, {"BLOCK": 128}), {"x": x, "n": 8}, {})  # another first config
+    analyse(Autotuned(Kernel(), {"BLOCK": 64}), {"x": x, "n": 8}, {})  # another kernel
+    analyse(Autotuned(kernel, {"BLOCK": 128}, {"BLOCK": 64}), {"x": x, "n": 8}, {})
+    assert len(calls) == 3
 
 
 def test_a_kernel_without_parameters_to_read_is_never_kept(analysed):

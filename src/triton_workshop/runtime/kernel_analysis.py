@@ -30,7 +30,8 @@ import torch
 #: torch's analysis functions, newest name first (each takes ``(kernel, kwargs, tma_metadata)``).
 FUNCTIONS = ("identify_accessed_tensors", "identify_mutated_tensors")
 
-#: key -> (kernel, result): the kernel is kept so that its id is never reused for another.
+#: key -> (kernel, result): the kernel is kept so that its id (or its function's) is never
+#: reused for another.
 _RESULTS: dict = {}
 
 _SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
@@ -77,12 +78,30 @@ def _constexpr_names(kernel) -> frozenset | None:
     return frozenset(p.name for p in params if p.is_constexpr)
 
 
+def _kernel_key(kernel):
+    """The kernel's part of the key. An autotuner counts as its function and its first config's
+    arguments, all the analysis reads of it (torch analyses ``configs[0]``): torch.compile wraps
+    a kernel launched with ``num_warps=`` in a new autotuner at each launch site, so its
+    identity would never repeat."""
+    from triton.runtime.autotuner import Autotuner
+
+    if isinstance(kernel, Autotuner):
+        configs = getattr(kernel, "configs", None) or ()
+        first = tuple(sorted(configs[0].kwargs.items())) if configs else ()
+        return ("autotuned", _kernel_key(kernel.fn), first)
+    return id(kernel)
+
+
 def signature_key(kernel, kwargs: dict, tma_metadata) -> tuple | None:
     """The key of one analysis, or None (not to be kept)."""
     constexprs = _constexpr_names(kernel)
     if constexprs is None:
         return None
-    parts = [id(kernel)]
+    try:
+        parts = [_kernel_key(kernel)]
+        hash(parts[0])
+    except (TypeError, AttributeError):
+        return None
     for name, value in kwargs.items():
         part = _argument_key(value, name in constexprs)
         if part is None:
