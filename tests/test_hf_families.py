@@ -185,15 +185,16 @@ def test_counts_and_skipped(family):
 
 @pytest.mark.parametrize("family", ["llama", "gemma", "gpt2"])
 def test_compiled_leaves_the_norms_to_inductor(family):
-    """compiled=True: every RMSNorm (and with it each layer's residual add) or LayerNorm stays on
-    torch, listed by choice; the rest is counted as without it; the loss stays the model's."""
+    """compiled=True: every RMSNorm (and with it each layer's residual add) or LayerNorm, and the
+    loss, stay on torch, listed by choice; the rest is counted as without it; the loss stays the
+    model's."""
     model = build(family)
     reference = copy.deepcopy(model)
     with warnings.catch_warnings():
         warnings.simplefilter("error", PatchWarning)  # nothing left for a limitation
         warnings.simplefilter("ignore", InterpreterWarning)
         counts = hf.patch_model(model, compiled=True)
-    norms = {"rms_norm", "add_rms_norm", "layer_norm"}
+    norms = {"rms_norm", "add_rms_norm", "layer_norm", "cross_entropy"}
     expected = {k: v for k, v in EXPECTED[family].items() if k not in norms}
     assert {k: v for k, v in counts.items() if v} == expected
     left = [s for s in counts.skipped if s.kind in norms]
@@ -209,6 +210,28 @@ def test_compiled_leaves_the_norms_to_inductor(family):
                                    reference(input_ids=ids, labels=ids).loss, **TOL)
     with pytest.raises(TypeError, match="compiled must be a bool"):
         hf.patch_model(build(family), compiled=1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_patched_model_compiles_in_one_graph(compiled):
+    """torch.compile(fullgraph=True) of a patched Llama, with the loss: no graph break (traced,
+    the loss is the model's own), the unpatched model's loss and gradients."""
+    model = build("llama")
+    reference = copy.deepcopy(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InterpreterWarning)
+        hf.patch_model(model, compiled=compiled)
+    ids = tokens(batch=1)
+    torch._dynamo.reset()
+    loss = torch.compile(model, fullgraph=True)(input_ids=ids, labels=ids).loss
+    ref = reference(input_ids=ids, labels=ids).loss
+    torch.testing.assert_close(loss, ref, **TOL)
+    loss.backward()
+    ref.backward()
+    ref_params = dict(reference.named_parameters())
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, ref_params[name].grad, **TOL, msg=name)
 
 
 # ---------------------------------------------------------------------------------------------

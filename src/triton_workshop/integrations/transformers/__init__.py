@@ -415,7 +415,8 @@ def patch_model(
     :class:`~triton_workshop.nn.patch.PatchWarning`). ``compiled=True``, for a model about to
     be compiled, leaves the norms that run on their own (RMSNorms, with their residual adds, and
     LayerNorms) on torch, where Inductor fuses them with the ops around them, as
-    :func:`triton_workshop.nn.patch` does; they are listed in ``skipped``."""
+    :func:`triton_workshop.nn.patch` does, and the loss, which runs as the model's own under
+    torch.compile anyway (see :mod:`.loss`); they are listed in ``skipped``."""
     flags = {
         name: check_flag(value, name)
         for name, value in (("rms_norm", rms_norm),
@@ -459,7 +460,7 @@ def patch_model(
         plan_decoder_layers(model, plan, changes, norms, flags["compiled"])
     set_attention = _plan_attention(model, flags, plan, changes)
     if flags["cross_entropy"] and hasattr(model, "lm_head") and families.patched_kind(model) is None:
-        reason = loss.loss_reason(model)
+        reason = loss.LEFT_TO_INDUCTOR if flags["compiled"] else loss.loss_reason(model)
         if reason:
             plan.skip("lm_head", "cross_entropy", reason)
         else:

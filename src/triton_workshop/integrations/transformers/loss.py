@@ -17,7 +17,10 @@ The output then carries ``logits=None``. Pass ``return_logits=True`` to the call
 own path. The model's own path also runs whenever this one would not be exact: no labels
 (generation), ``logits_to_keep`` set, ``return_dict=False``, a final-logit soft-capping in the
 config (Gemma 2/3: the loss of the capped logits is not the loss of ``lm_head``'s), a loss
-function other than transformers' ``ForCausalLMLoss``.
+function other than transformers' ``ForCausalLMLoss``, and a call that ``torch.compile`` traces:
+the rerouting changes modules in the middle of the call, which it cannot trace, so a compiled
+model computes its loss as the unpatched one does, compiled by Inductor (``patch_model(model,
+compiled=True)`` leaves the loss on torch and lists it).
 """
 
 from __future__ import annotations
@@ -29,7 +32,15 @@ import inspect
 import torch
 from torch import nn
 
+from ...nn.patch import PolicyReason
 from .families import give_class, original_class
+
+#: Why ``patch_model(compiled=True)`` leaves the loss on torch.
+LEFT_TO_INDUCTOR = PolicyReason(
+    "left to torch.compile (compiled=True): traced, the model computes its own loss (the fused "
+    "path changes modules mid-call, which torch.compile cannot trace), compiled by Inductor with "
+    "the rest of the graph"
+)
 
 #: (family, class) of the causal-LM heads whose forward is known to call ``lm_head`` once and pass
 #: its result unchanged to ``loss_function`` (the soft-capping of Gemma 2/3 is checked per call).
@@ -146,8 +157,25 @@ def _nonzero(logits_to_keep) -> bool:
     return logits_to_keep != 0
 
 
+#: original class -> the getter of its ``loss_function`` (a property in transformers), found at
+#: patch time: called as a plain function, it is traced by torch.compile as the unpatched
+#: model's own lookup is (``inspect`` and descriptor calls are not traceable).
+_LOSS_GETTERS: dict[type, object] = {}
+
+
+def _loss_getter(cls: type):
+    descriptor = inspect.getattr_static(cls, "loss_function")
+    if isinstance(descriptor, property):
+        return descriptor.fget
+    return lambda model: descriptor.__get__(model)
+
+
 def _original_loss_function(model):
-    return inspect.getattr_static(original_class(model), "loss_function").__get__(model)
+    cls = original_class(model)
+    getter = _LOSS_GETTERS.get(cls)
+    if getter is None:
+        getter = _LOSS_GETTERS[cls] = _loss_getter(cls)
+    return getter(model)
 
 
 @functools.lru_cache(maxsize=None)
@@ -156,21 +184,24 @@ def _signature(cls: type) -> inspect.Signature:
 
 
 def _causal_lm_forward(self, *args, return_logits: bool = False, **kwargs):
-    base_forward = original_class(self).forward.__get__(self)
-    if return_logits:
-        return base_forward(*args, **kwargs)
+    base_forward = original_class(self).forward
+    if return_logits or torch.compiler.is_compiling():
+        # Traced by torch.compile: the model's own head and loss, which Inductor compiles with
+        # the rest of the graph (the capture below changes modules mid-call, which it cannot
+        # trace). patch_model(compiled=True) leaves the loss on torch for that reason.
+        return base_forward(self, *args, **kwargs)
     try:
         bound = _signature(original_class(self)).bind(self, *args, **kwargs)
     except TypeError:  # the model's own forward says what is wrong
-        return base_forward(*args, **kwargs)
+        return base_forward(self, *args, **kwargs)
     if not _wants_fused_loss(self, bound):
-        return base_forward(*args, **kwargs)
+        return base_forward(self, *args, **kwargs)
     capture = _Capture()
     lm_head = self.lm_head
     lm_head.__dict__["_triton_workshop_capture"] = capture
     self.__dict__["_triton_workshop_loss"] = _fused_loss(lm_head, capture)
     try:
-        out = base_forward(*args, **kwargs)
+        out = base_forward(self, *args, **kwargs)
     finally:
         lm_head.__dict__.pop("_triton_workshop_capture", None)
         self.__dict__.pop("_triton_workshop_loss", None)
@@ -206,6 +237,7 @@ def _forward_for(cls: type):
 
 def patch_loss(model: nn.Module) -> None:
     """The per-instance classes of the module docstring (checked by :func:`loss_reason`)."""
+    _LOSS_GETTERS.setdefault(type(model), _loss_getter(type(model)))
     give_class(model.lm_head, "cross_entropy_head", forward=_lm_head_forward)
     give_class(model, "cross_entropy", forward=_forward_for(type(model)),
                loss_function=property(_loss_function, _set_loss_function))  # fmt: skip
