@@ -158,10 +158,14 @@ def setup(args) -> Rank:
 # --------------------------------------------------------------------------------------------
 def build_model(args, device: torch.device) -> tuple[nn.Module, dict | None]:
     """train_gpt2's GPT-2 with the same seed (the same initial weights on every rank and in
-    train_gpt2.py), moved to ``device`` and patched. Returns the model and patch's counts."""
+    train_gpt2.py), moved to ``device`` and patched, its loss fused with the LM head as there.
+    Returns the model and patch's counts."""
     torch.manual_seed(args.seed)
     model = train_gpt2.build_model(args).to(device)
-    counts = tw.nn.patch(model) if args.patch else None
+    counts = None
+    if args.patch:
+        counts = tw.nn.patch(model)
+        train_gpt2.fuse_loss(model)
     return model, counts
 
 

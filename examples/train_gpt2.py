@@ -91,10 +91,14 @@ def patch(model, args) -> None:
     else:
         counts = tw.nn.patch(model, compiled=args.compile)
         if not args.compile:  # compiled, Inductor's own loss is the faster one
-            # The loss from the LM head's input (linear_cross_entropy: no logits in memory).
-            model.fused_loss = lambda weight, hidden, targets: tw.linear_cross_entropy(
-                hidden, weight, targets)
+            fuse_loss(model)
     print("patched:", counts.describe())
+
+
+def fuse_loss(model: GPT) -> None:
+    """The GPT's loss from its LM head's input (linear_cross_entropy: no logits in memory)."""
+    model.fused_loss = lambda weight, hidden, targets: tw.linear_cross_entropy(
+        hidden, weight, targets)
 
 
 def batches(args, device, count: int = 8):
