@@ -20,8 +20,9 @@
 
 The candidates: ``torch eager``; ``torch.compile``; ``triton-workshop`` (the model patched:
 :func:`triton_workshop.nn.patch`, or for the transformers LLaMA
-:func:`triton_workshop.integrations.transformers.patch_model`), eager; ``torch.compile +
-triton-workshop`` (patched, then compiled); ``Liger-Kernel`` where it imports (its LayerNorm and
+:func:`triton_workshop.integrations.transformers.patch_model`; the GPT-2's loss fused with its
+LM head), eager; ``torch.compile + triton-workshop`` (patched with ``compiled=True``, its
+standalone norms left to Inductor, then compiled); ``Liger-Kernel`` where it imports (its LayerNorm and
 fused linear cross-entropy for GPT-2, its LLaMA patch ``apply_liger_kernel_to_llama``; n/a for the
 ResNet) and ``torch.compile + Liger-Kernel``. Liger's LLaMA patch replaces transformers' classes
 for the whole process: each candidate runs in a process of its own (:mod:`.run`).
