@@ -84,6 +84,7 @@ def test_one_analysis_per_signature(analysed):
     assert len(calls) == 8
     analyse(kernel, {"x": fake(3), "n": 40, "BLOCK": 128}, {})
     analyse(kernel, {"x": fake(3), "n": 48, "BLOCK": 64}, {})
+    analyse(kernel=kernel, kwargs={"x": x, "n": 8, "BLOCK": 64}, tma_descriptor_metadata={})
     assert len(calls) == 8
     tuned = Autotuned(Kernel(), {"BLOCK": 64}, {"BLOCK": 128})
     analyse(tuned, {"x": x, "n": 8}, {})

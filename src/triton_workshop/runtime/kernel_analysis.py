@@ -115,14 +115,16 @@ def signature_key(kernel, kwargs: dict, tma_metadata) -> tuple | None:
 
 
 def _kept(analyse):
+    # The parameters are named as torch's, so that a call by keyword reaches them too; a call
+    # with anything else goes to torch as it is.
     @functools.wraps(analyse)
-    def analyse_once(kernel, kwargs, tma_metadata, *args, **options):
-        key = None if args or options else signature_key(kernel, kwargs, tma_metadata)
+    def analyse_once(kernel, kwargs, tma_descriptor_metadata, *args, **options):
+        key = None if args or options else signature_key(kernel, kwargs, tma_descriptor_metadata)
         if key is None:
-            return analyse(kernel, kwargs, tma_metadata, *args, **options)
+            return analyse(kernel, kwargs, tma_descriptor_metadata, *args, **options)
         found = _RESULTS.get(key)
         if found is None:
-            found = _RESULTS[key] = (kernel, analyse(kernel, kwargs, tma_metadata))
+            found = _RESULTS[key] = (kernel, analyse(kernel, kwargs, tma_descriptor_metadata))
         # A copy: the callers own what they are given (an IR node keeps it).
         return copy.deepcopy(found[1])
 
