@@ -170,12 +170,17 @@ def _loss_getter(cls: type):
     return lambda model: descriptor.__get__(model)
 
 
-def _original_loss_function(model):
-    cls = original_class(model)
+def _loss_getter_of(cls: type):
+    """``cls``'s getter, kept in :data:`_LOSS_GETTERS` (found at patch time, or at the first
+    eager call of a model patched elsewhere, e.g. unpickled)."""
     getter = _LOSS_GETTERS.get(cls)
     if getter is None:
         getter = _LOSS_GETTERS[cls] = _loss_getter(cls)
-    return getter(model)
+    return getter
+
+
+def _original_loss_function(model):
+    return _loss_getter_of(original_class(model))(model)
 
 
 @functools.lru_cache(maxsize=None)
@@ -237,7 +242,7 @@ def _forward_for(cls: type):
 
 def patch_loss(model: nn.Module) -> None:
     """The per-instance classes of the module docstring (checked by :func:`loss_reason`)."""
-    _LOSS_GETTERS.setdefault(type(model), _loss_getter(type(model)))
+    _loss_getter_of(type(model))  # now, untraced: torch.compile cannot trace the lookup
     give_class(model.lm_head, "cross_entropy_head", forward=_lm_head_forward)
     give_class(model, "cross_entropy", forward=_forward_for(type(model)),
                loss_function=property(_loss_function, _set_loss_function))  # fmt: skip
