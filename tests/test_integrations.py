@@ -163,6 +163,25 @@ def test_linear_always_swaps_every_conv1d_and_linear():
     assert_same_training_step(model, reference, input_ids=tokens())
 
 
+def test_linear_never_leaves_every_conv1d_and_its_gelu_and_dropout_on_torch():
+    model = gpt2()
+    model.config.resid_pdrop = 0.1
+    for block in model.transformer.h:
+        block.mlp.dropout.p = block.attn.resid_dropout.p = 0.1
+    reference = copy.deepcopy(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InterpreterWarning)
+        counts = hf.patch_model(model, linear="never")
+    assert counts["conv1d"] == 0 and counts["linear"] == 0 and counts["attention"] == 2
+    assert not any(counts.fused.values())
+    block = model.transformer.h[0]
+    assert type(block.mlp.c_fc) is transformers.pytorch_utils.Conv1D
+    assert type(block.mlp.act) is not torch.nn.Identity  # the GELU runs as it did
+    assert type(block.mlp.dropout) is torch.nn.Dropout and block.mlp.dropout.p == 0.1
+    model.eval(), reference.eval()  # dropout off: the two models compare
+    assert_same_training_step(model, reference, input_ids=tokens())
+
+
 def test_padded_batch_and_dropout_reach_the_kernel(attention_calls, monkeypatch):
     model = gpt2()
     reference = copy.deepcopy(model)

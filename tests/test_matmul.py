@@ -806,6 +806,66 @@ def test_ragged_main_loop_compiles_to_16_byte_async_copies(tmp_path):
     assert done.returncode == 0 and done.stdout.rstrip().endswith("ok"), done.stdout + done.stderr
 
 
+_TMA_SHARED_SCRIPT = r"""
+import os
+os.environ.pop("TRITON_INTERPRET", None)
+import torch
+torch.cuda.is_available = lambda: True  # compile for the GPU: no kernel is launched
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton_workshop.ops.matmul import TUNING
+from triton_workshop.ops.matmul.kernels import matmul_tma_kernel
+
+def shared(dtype, activation, dropout, a_k_major, b_k_major):
+    cfg = TUNING.tma_config()
+    bm, bn, bk = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N"), cfg.pop("BLOCK_K")
+    options = dict(num_warps=cfg.pop("num_warps"), num_stages=cfg.pop("num_stages"))
+    a_block = [bm, bk] if a_k_major else [bk, bm]
+    b_block = [bn, bk] if b_k_major else [bk, bn]
+    sig = dict(a_desc=f"tensordesc<{dtype}{a_block}>", b_desc=f"tensordesc<{dtype}{b_block}>",
+               c_desc=f"tensordesc<{dtype}[{bm}, {bn}]>", c_ptr="*" + dtype,
+               bias_ptr="*" + dtype, seed_ptr="*i64", M="i32", N="i32", K="i32",
+               stride_cm="i32", stride_bias="i32", slope="fp32", dropout_p="fp32")
+    consts = dict(A_K_MAJOR=a_k_major, B_K_MAJOR=b_k_major, C_TMA=True, HAS_BIAS=True,
+                  ACTIVATION=activation, DROPOUT=dropout, INPUT_PRECISION="ieee",
+                  DOT_IN_FP32=False, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, NUM_SMS=132, **cfg)
+    sig.update({name: "constexpr" for name in consts})
+    names = matmul_tma_kernel.arg_names
+    src = ASTSource(fn=matmul_tma_kernel, signature=sig,
+                    constexprs={(names.index(k),): v for k, v in consts.items()})
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    return kernel.metadata.shared
+
+LIMIT = 227 * 1024  # an H100's / H200's opt-in shared memory a block
+# What use_tma sends to the kernel: no dropout, any activation, either operand order.
+for case in [("bf16", "gelu", False, True, False), ("fp16", "leaky_relu", False, False, True)]:
+    used = shared(*case)
+    print(case, used)
+    assert used <= LIMIT, (case, used)
+# What it keeps away: dropout's epilogue does not fit at these tiles.
+used = shared("bf16", "none", True, True, True)
+print("dropout", used)
+assert used > LIMIT, used
+print("ok")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tests launch the real thing")
+def test_tma_kernel_fits_shared_memory_at_its_tiles_and_dropout_would_not(tmp_path):
+    # Compiled for sm_90 on the CPU: a launch Triton would refuse for its shared memory (as
+    # dropout's epilogue was, at a GPT-2 MLP's size) shows here without a GPU.
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_WORKSHOP_QUIET"] = "1"
+    done = subprocess.run([sys.executable, "-c", _TMA_SHARED_SCRIPT], env=env,
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0 and done.stdout.rstrip().endswith("ok"), done.stdout + done.stderr
+
+
 # ---------------------------------------------------------------------------------------------
 # The persistent TMA kernel (Hopper's path for large 2-D fp16/bf16 products), forced on here so
 # that the interpreter runs it too.
@@ -898,6 +958,8 @@ def test_tma_picked_only_for_large_products_on_hopper(monkeypatch):
     big_b = a.new_empty(1024, 4096)
     big_out = a.new_empty(4096, 4096)
     assert use_tma(big_a, big_b, big_out, "ieee", tuning)
+    # Dropout's epilogue does not fit the kernel's shared memory at its tiles.
+    assert not use_tma(big_a, big_b, big_out, "ieee", tuning, True)
     # Below tma_min_volume (2**34 = 4096 x 4096 x 1024) the descriptors' host time is not earned back.
     mid_a, mid_b = a.new_empty(4096, 512), a.new_empty(512, 4096)
     assert not use_tma(mid_a, mid_b, big_out, "ieee", tuning)

@@ -119,7 +119,7 @@ def conv1d_claim(policy: str, enabled: bool):
     def claim(name: str, module: nn.Module):
         if families.patched_kind(module) is not None:
             return None, None, None  # patch_model's own per-instance class: leave it
-        if not enabled:
+        if not enabled or policy == "never":  # linear=False / "never" rules Conv1D too
             return None
         # An MLP or attention module itself stays; its Conv1Ds come next in named_modules().
         dropout = _dropout_fusible(module, residual_dropouts)

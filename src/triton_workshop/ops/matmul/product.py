@@ -107,7 +107,7 @@ def launch_matmul(
         a, b = k_major(a, b, tuning)
     if tuning.align_operands:
         a, b = aligned(a, tuning=tuning), aligned(b, tuning=tuning)
-    if use_tma(a, b, out, precision, tuning):
+    if use_tma(a, b, out, precision, tuning, dropout_p > 0):
         return launch_matmul_tma(a, b, out, bias=bias, activation=activation, slope=slope,
                                  dropout_p=dropout_p, seed=seed, tuning=tuning)
     plan = _kernel_plan(a, b, out, bias, activation, slope, dropout_p, precision, tuning)
@@ -208,6 +208,6 @@ def new_product_plan(a, b, out, bias, activation, slope, dropout_p, tuning: Matm
             return _GENERAL
     if tuning.align_operands and (needs_copy(a) or needs_copy(b)):
         return _GENERAL
-    if use_tma(a, b, out, precision, tuning):
+    if use_tma(a, b, out, precision, tuning, dropout_p > 0):
         return _GENERAL
     return _kernel_plan(a, b, out, bias, activation, slope, dropout_p, precision, tuning)

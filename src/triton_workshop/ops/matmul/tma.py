@@ -32,9 +32,9 @@ def _tma_ready(t: torch.Tensor) -> bool:
 
 
 def use_tma(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, precision: str,
-            tuning: MatmulTuning) -> bool:
+            tuning: MatmulTuning, dropout: bool = False) -> bool:
     """Whether this (aligned) product goes to :func:`matmul_tma_kernel` (see
-    :attr:`MatmulTuning.tma_matmul`)."""
+    :attr:`MatmulTuning.tma_matmul`); ``dropout``: its epilogue has dropout."""
     if tuning.tma_matmul is False or out.dim() != 2 or a.dim() != 2 or b.dim() != 2:
         return False
     if a.dtype not in (torch.float16, torch.bfloat16) or precision != "ieee":
@@ -42,6 +42,11 @@ def use_tma(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, precision: str,
     if not runtime.launching_directly():
         return False  # torch.compile traces matmul_kernel (no descriptors to trace)
     if tuning.tma_matmul is None:
+        # Dropout's epilogue draws a random number for each element of the 128 x 256 output
+        # tile, and staging them takes the kernel's shared memory to 336 KB, more than a Hopper
+        # SM has (227 KB): Triton refuses the launch. matmul_kernel's autotuned tiles take it.
+        if dropout:
+            return False
         if runtime.INTERPRET or a.device.type != "cuda" or not is_hopper(a.device.index or 0):
             return False
         M, N = out.shape
