@@ -499,6 +499,31 @@ def test_dropout_gradients_match_same_mask(dtype, name, small_tiles):
     assert_grads_close(out, ref, tensors, leaves, dtype, seed)
 
 
+def test_repeated_dropout_calls_take_the_kept_launches_with_a_fresh_mask(planned_launches):
+    """Eager calls of one signature with dropout: from the second on, the forward and the
+    backward launch what was kept for it, each with its own call's seed (a mask drawn anew,
+    as the general path draws it: the seed repeats a run), and every call's output and
+    gradients match the reference under that call's mask."""
+    B, H, n, p = 2, 2, 29, 0.25
+    masks = []
+    for step in range(3):
+        seed = seed_of("kept dropout", step)
+        q, k, v = make_qkv(B, H, H, n, n, 16, torch.float32, seed)
+        planned_launches.clear()
+        torch.manual_seed(seed)
+        out = attention(q, k, v, dropout_p=p, causal=True)
+        keep = dropout_mask_of(seed, (B, H, n, n), p)
+        masks.append(keep)
+        ref, leaves = reference(q, k, v, causal=True, keep=keep, dropout_p=p)
+        assert_close(out, ref, torch.float32, f"step {step} out")
+        assert_grads_close(out, ref, [q, k, v], leaves, torch.float32, seed)
+        if step:  # the kept launches, forward and backward
+            assert [name for name, _ in planned_launches] == [
+                "attn_fwd_kernel", "attn_bwd_preprocess_kernel", "attn_bwd_dkdv_kernel",
+                "attn_bwd_dq_kernel"], planned_launches
+    assert not torch.equal(masks[1], masks[2])
+
+
 def test_dropout_varlen_uses_the_packed_mask(small_tiles):
     lengths, H, p = [9, 30, 0, 17], 2, 0.3
     q, k, v, cu, _ = make_packed(lengths, lengths, H, 1, 16, torch.float32, 28)

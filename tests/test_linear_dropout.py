@@ -129,6 +129,24 @@ def test_batch_dims_and_vectors(shape, seeds):
     check_against_reference(x, w, b, "gelu", 0.4, seeds, torch.float32)
 
 
+@pytest.mark.parametrize("shape", [(13, 17), (2, 5, 17)], ids=str)
+def test_repeated_calls_take_the_kept_launch_with_a_fresh_mask(shape, seeds, monkeypatch):
+    # From the second call of a signature on, the eager path launches the kept plan with the
+    # call's own seed, forward and backward (the mask redrawn from it, not by the op's
+    # backward): each call matches its masked reference on fresh data, and each draws a mask of
+    # its own.
+    op_backwards = []
+    op = matmul_module.matmul_dropout_backward
+    monkeypatch.setattr(matmul_module, "matmul_dropout_backward",
+                        lambda *args: op_backwards.append(1) or op(*args))
+    keeps = []
+    for step in range(3):
+        x, w, b = rand(*shape, seed=30 + step), rand(10, 17, seed=40 + step), rand(10, seed=50)
+        keeps.append(check_against_reference(x, w, b, "gelu", 0.3, seeds, torch.float32)[1])
+    assert len(op_backwards) == 1  # the first call's (the general path): none since
+    assert len(seeds) == 3 and not torch.equal(keeps[1], keeps[2])
+
+
 def test_strided_inputs_and_the_batched_path(seeds):
     # x.transpose(0, 1) cannot be flattened without a copy: a batched product (B, M, N) against
     # the shared weight, whose output batch the mask numbers first. w.t().t() non-contiguous.

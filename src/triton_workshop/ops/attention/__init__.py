@@ -293,9 +293,18 @@ attention_forward.register_autograd(_attention_backward, setup_context=_attentio
 
 
 # --------------------------------------------------------------------------------------------
-# The eager path of a call without the features' tensors (no key padding mask, sinks, dropout
-# or packed sequences): the launches of its signature kept, forward and backward.
+# The eager path of a call without the features' tensors (no key padding mask, sinks or packed
+# sequences; dropout's seed, drawn for each call, is launched as one of the call's tensors):
+# the launches of its signature kept, forward and backward.
 # --------------------------------------------------------------------------------------------
+def _kept_pointers(features: Features, *, sinks: bool) -> tuple:
+    """The features' pointer arguments of a kept launch (all None), less dropout's seed where
+    the launch takes one: it comes right after the kernel's tensors, each call's own."""
+    pointers = features.pointers(sinks=sinks)
+    return pointers[1:] if features.dropout_p > 0 else pointers
+
+
+
 def _kept_forward(q, k, v, out, causal, scale, window, softcap, dropout_p):
     """What :func:`attention` keeps for (B, H, N, D) operands of these layouts, as
     attention_forward launched them into ``out``: ``(the forward's plan, lse's shape, the
@@ -305,8 +314,8 @@ def _kept_forward(q, k, v, out, causal, scale, window, softcap, dropout_p):
         return False
     features = Features(None, window, softcap, None, dropout_p, None, None, None, 0, 0)
     grid, scalars, consts = _forward_launch(q, k, v, out, causal, scale, features)
-    plan = runtime.LaunchPlan(attn_fwd_kernel, grid, (*features.pointers(sinks=True), *scalars),
-                              consts)  # pointers: all None
+    plan = runtime.LaunchPlan(attn_fwd_kernel, grid,
+                              (*_kept_pointers(features, sinks=True), *scalars), consts)
     kept = _KeptBackward(causal, scale, features)
     kept.add(q, k, v, out, out)  # the usual incoming gradient: laid out like out
     return plan, lse_shape(q), kept
@@ -334,7 +343,7 @@ class _KeptBackward(dict):
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)  # layouts
         (dkdv_grid, dkdv_scalars), (dq_grid, dq_scalars), common = _backward_launches(
             q, k, v, grad_out, dq, dk, dv, self.causal, self.scale, self.features)
-        pointers = self.features.pointers(sinks=False)  # all None
+        pointers = _kept_pointers(self.features, sinks=False)
         launches = (
             _preprocess_plan(tuple(q.shape), out.stride(), grad_out.stride(), q.dtype, TUNING),
             runtime.LaunchPlan(attn_bwd_dkdv_kernel, dkdv_grid, (*pointers, *dkdv_scalars),
@@ -344,26 +353,30 @@ class _KeptBackward(dict):
         return launches
 
 
-def _attention_forward_planned(ctx, q, k, v, ready):
+def _attention_forward_planned(ctx, q, k, v, ready, seed=None):
     """The eager autograd forward of a kept signature (:func:`attention`'s ``RECORD`` path):
     attention_forward with the launch kept, ``out`` alone as the Function's output (lse is
     saved, never returned: nothing to mark non-differentiable), and on ``ctx`` only what
-    :func:`_attention_backward_kept` reads."""
+    :func:`_attention_backward_kept` reads. ``seed``: this call's, with dropout."""
     plan, shape, kept = ready
     out = torch.empty_like(q)
     lse = q.new_empty(shape, dtype=torch.float32)
     with runtime.device_guard(q):
-        plan.launch_eager(q, k, v, out, lse)
-    ctx.save_for_backward(q, k, v, out, lse)
+        if seed is None:
+            plan.launch_eager(q, k, v, out, lse)
+        else:
+            plan.launch_eager(q, k, v, out, lse, seed)
+    ctx.save_for_backward(q, k, v, out, lse, seed)
     ctx.kept = kept
     return out
 
 
 def _attention_backward_kept(ctx, grad_out):
     """The backward of :func:`_attention_forward_planned`'s Function (inputs q, k, v, the kept
-    recipe): ``(dq, dk, dv, None)`` from the kept launches in an eager backward, else from the
-    op. Autograd runs a CUDA backward on its device thread, already on q's device."""
-    q, k, v, out, lse = ctx.saved_tensors
+    recipe, the seed): ``(dq, dk, dv, None, None)`` from the kept launches in an eager backward,
+    else from the op; dropout's mask drawn again from the forward's seed. Autograd runs a CUDA
+    backward on its device thread, already on q's device."""
+    q, k, v, out, lse, seed = ctx.saved_tensors
     kept = ctx.kept
     launches = kept.get(grad_out.stride())
     if grad_out.dtype is not q.dtype or not runtime.eager_backward():
@@ -371,31 +384,39 @@ def _attention_backward_kept(ctx, grad_out):
     elif launches is None and len(kept) < kept.MAX_LAYOUTS:  # a gradient of another layout
         launches = kept.add(q, k, v, out, grad_out)
     if launches is None:
-        dq, dk, dv, _ = attention_backward(grad_out, q, k, v, out, lse, *kept.options)
-        return dq, dk, dv, None
+        dq, dk, dv, _ = attention_backward(grad_out, q, k, v, out, lse, *kept.options, seed)
+        return dq, dk, dv, None, None
     preprocess, dkdv, dq_launch = launches
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     delta = torch.empty_like(lse)
     preprocess.launch_eager(out, grad_out, delta)
-    dkdv.launch_eager(q, k, v, grad_out, lse, delta, dk, dv)
-    dq_launch.launch_eager(q, k, v, grad_out, lse, delta, dq)
-    return dq, dk, dv, None
+    if seed is None:
+        dkdv.launch_eager(q, k, v, grad_out, lse, delta, dk, dv)
+        dq_launch.launch_eager(q, k, v, grad_out, lse, delta, dq)
+    else:
+        dkdv.launch_eager(q, k, v, grad_out, lse, delta, dk, dv, seed)
+        dq_launch.launch_eager(q, k, v, grad_out, lse, delta, dq, seed)
+    return dq, dk, dv, None, None
 
 
 # The planned Function has a backward of its own: what it reads was worked out in the forward.
 attention_forward.register_planned_forward(_attention_forward_planned, _attention_backward_kept)
 
 
-def _attention_ready(path, ready, q, k, v) -> torch.Tensor:
+def _attention_ready(path, ready, q, k, v, seed) -> torch.Tensor:
     """The attention of checked (B, H, N, D) operands of a kept signature
-    (:func:`_kept_forward`), on :meth:`~.RegisteredOp.eager_path`'s ``path``."""
+    (:func:`_kept_forward`), on :meth:`~.RegisteredOp.eager_path`'s ``path``; ``seed``: the
+    call's dropout seed, or None."""
     if path == runtime.RECORD:
-        return attention_forward.record_planned(q, k, v, ready)
+        return attention_forward.record_planned(q, k, v, ready, seed)
     plan, shape, _ = ready
     out = torch.empty_like(q)
     lse = q.new_empty(shape, dtype=torch.float32)
     with runtime.device_guard(q):
-        plan.launch_eager(q, k, v, out, lse)
+        if seed is None:
+            plan.launch_eager(q, k, v, out, lse)
+        else:
+            plan.launch_eager(q, k, v, out, lse, seed)
     return out
 
 
@@ -506,11 +527,12 @@ def attention(
         except UNKEYABLE:
             key = None
         if ready:
+            seed = dropout_seed(q.device) if dropout_p else None
             if q.dim() == 3:  # as one batch entry, as the general path launched it
-                return _attention_ready(path, ready, q[None], k[None], v[None])[0]
+                return _attention_ready(path, ready, q[None], k[None], v[None], seed)[0]
             if path == runtime.RECORD:
-                return attention_forward.record_planned(q, k, v, ready)
-            return _attention_ready(path, ready, q, k, v)
+                return attention_forward.record_planned(q, k, v, ready, seed)
+            return _attention_ready(path, ready, q, k, v, seed)
     PUBLIC_CALLS.checked(public_key, check_public, q, k, v, causal, scale, key_padding_mask,
                          window, softcap, sinks, dropout_p)  # fmt: skip
     sm_scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
@@ -523,7 +545,7 @@ def attention(
     out, _ = attention_forward(q, k, v, causal, sm_scale, key_padding_mask, window,
                                _float_or_none(softcap), sinks, float(dropout_p), seed)
     if key is not None and ready is None:  # not False: a call that launches nothing
-        _READY.remember(key, seed is None and _kept_forward(
+        _READY.remember(key, _kept_forward(
             q, k, v, out, causal, sm_scale, window, _float_or_none(softcap), float(dropout_p)))
     return out[0] if three_d else out
 

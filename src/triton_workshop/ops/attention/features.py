@@ -78,7 +78,9 @@ class Features:
         if mask is not None:
             mask = mask.view(torch.uint8) if type(mask) is torch.Tensor else mask.to(torch.uint8)
         tensors = (mask, self.sinks) if sinks else (mask,)
-        return (*tensors, self.dropout_seed, self.cu_seqlens_q, self.cu_seqlens_k)
+        # The seed first: the kept eager launches of a call with dropout pass each call's seed
+        # right after the kernel's own tensors, and the rest (None) as fixed arguments.
+        return (self.dropout_seed, *tensors, self.cu_seqlens_q, self.cu_seqlens_k)
 
     def strides(self, t: torch.Tensor) -> tuple[int, ...]:
         """A (B, H, N, D) tensor's strides for the kernels: packed sequences index their one

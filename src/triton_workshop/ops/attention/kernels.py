@@ -56,7 +56,7 @@ LN2 = 0.6931471805599453  # ln(2): log(x) = log2(x) * LN2
 @triton.jit(do_not_specialize=NOT_SPECIALIZED)
 def attn_fwd_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr,
-    key_mask_ptr, sinks_ptr, seed_ptr, cu_q_ptr, cu_k_ptr,
+    seed_ptr, key_mask_ptr, sinks_ptr, cu_q_ptr, cu_k_ptr,
     stride_qb, stride_qh, stride_qn, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -207,7 +207,7 @@ def attn_bwd_preprocess_kernel(
 @triton.jit(do_not_specialize=NOT_SPECIALIZED)
 def attn_bwd_dkdv_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
-    key_mask_ptr, seed_ptr, cu_q_ptr, cu_k_ptr,
+    seed_ptr, key_mask_ptr, cu_q_ptr, cu_k_ptr,
     stride_qb, stride_qh, stride_qn, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -322,7 +322,7 @@ def attn_bwd_dkdv_kernel(
 @triton.jit(do_not_specialize=NOT_SPECIALIZED)
 def attn_bwd_dq_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
-    key_mask_ptr, seed_ptr, cu_q_ptr, cu_k_ptr,
+    seed_ptr, key_mask_ptr, cu_q_ptr, cu_k_ptr,
     stride_qb, stride_qh, stride_qn, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,

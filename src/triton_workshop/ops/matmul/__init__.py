@@ -202,65 +202,75 @@ class _Kept:
     """What an eager repeat of a checked call signature needs, kept for it (:func:`_kept`): the
     product's plan, the output's shape, the epilogue, whether the backward keeps the output;
     for :func:`linear` whether x and the weight are launched as they are (``linear``: the plan's
-    rows are a 2-D view of x and its ``b`` the weight's transpose, read through its strides) and
-    how the gradients are laid out."""
+    rows are a 2-D view of x and its ``b`` the weight's transpose, read through its strides),
+    how the gradients are laid out, and the epilogue's dropout probability (each call draws its
+    own seed)."""
 
-    __slots__ = ("activation", "grad_w_transposed", "grad_x_transposed", "keep_output", "linear",
-                 "plan", "shape", "slope")
+    __slots__ = ("activation", "dropout_p", "grad_w_transposed", "grad_x_transposed",
+                 "keep_output", "linear", "plan", "shape", "slope")
 
-    def __init__(self, plan, shape, activation, slope, linear, rows, weight_t):
+    def __init__(self, plan, shape, activation, slope, linear, rows, weight_t, dropout_p=0.0):
         self.plan, self.shape, self.linear = plan, shape, linear
-        self.activation, self.slope = activation, slope
+        self.activation, self.slope, self.dropout_p = activation, slope, dropout_p
         self.keep_output = activation != "none" and not _needs_preactivation(activation, slope)
         # As _grad_a and _grad_b lay them out: each gradient as its operand.
         self.grad_x_transposed = linear and column_major(rows)
         self.grad_w_transposed = linear and not column_major(weight_t)
 
 
-def _kept(a, b, out, bias, activation: str, slope: float, x=None):
+def _kept(a, b, out, bias, activation: str, slope: float, x=None, dropout_p: float = 0.0):
     """The :class:`_Kept` of a product of checked operands that ran (``out``), or False where
     it takes launch_matmul's general path (copies, TMA) or launches nothing (an empty result,
     K = 0). ``x``: linear's input, whose rows ``a`` are (``b`` the weight's transpose)."""
     if not out.numel() or not a.shape[-1]:
         return False
-    plan = product_plan(a, b, out, bias, activation, slope)
+    plan = product_plan(a, b, out, bias, activation, slope, dropout_p)
     if plan is None:
         return False
     # linear's x is launched as it is where its rows are a 2-D view of it (not a copy, not a
     # batch): the kernel reads only its address, the strides are the plan's.
     linear = x is not None and a.dim() == 2 and a.data_ptr() == x.data_ptr()
     shape = (*x.shape[:-1], b.shape[1]) if linear else tuple(out.shape)
-    return _Kept(plan, shape, activation, slope, linear, a, b)
+    return _Kept(plan, shape, activation, slope, linear, a, b, dropout_p)
 
 
-def _matmul_forward_planned(ctx, a, b, bias, kept):
+def _matmul_forward_planned(ctx, a, b, bias, kept, seed=None):
     """The eager autograd forward of a kept signature (``RECORD``): :func:`_matmul` and
     :func:`_matmul_setup_context` with the kept plan; for a linear one ``a`` is x and ``b`` the
-    weight, as the public function got them (:func:`_matmul_backward_planned`)."""
+    weight, as the public function got them (:func:`_matmul_backward_planned`). ``seed``: the
+    call's dropout seed, with dropout."""
     out = a.new_empty(kept.shape)
     guard = runtime.device_guard(a)  # bias and seed placeholders: out (never read)
     if guard is _SAME_DEVICE:  # entering the no-op context costs two calls
-        kept.plan.launch_eager(a, b, out, bias if bias is not None else out, out)
+        kept.plan.launch_eager(a, b, out, bias if bias is not None else out,
+                               out if seed is None else seed)
     else:
         with guard:
-            kept.plan.launch_eager(a, b, out, bias if bias is not None else out, out)
+            kept.plan.launch_eager(a, b, out, bias if bias is not None else out,
+                                   out if seed is None else seed)
     ctx.kept = kept
-    ctx.save_for_backward(a, b, bias, out if kept.keep_output else None)
+    ctx.save_for_backward(a, b, bias, out if kept.keep_output else None, seed)
     return out
 
 
 def _matmul_backward_planned(ctx, grad):
     """The backward of :func:`_matmul_forward_planned`: the op's, and for a linear signature
     the gradients of x (any rank) and the weight as F.linear's backward makes them."""
-    a, b, bias, out = ctx.saved_tensors
+    a, b, bias, out, seed = ctx.saved_tensors
     kept = ctx.kept
     linear = kept.linear
+    if seed is not None:  # the mask redrawn from the forward's seed, as _matmul_backward does
+        rows = grad if grad.dim() == 2 else grad.reshape(-1, grad.shape[-1])
+        # The op where a double backward records this backward; else its launch, straight.
+        rows = (dropout_scaled(rows, seed, kept.dropout_p, True) if runtime.eager_backward()
+                else matmul_dropout_backward(rows, seed, kept.dropout_p))
+        grad = rows.view(grad.shape)
     grad_z = _preactivation_grad(kept.activation, kept.slope, grad, a, b, bias, out, linear)
     needs = ctx.needs_input_grad
     if not linear:
         grad_a, grad_b = products(grad_z, a, b, needs[0], needs[1])
         grad_bias = bias_grad(grad_z, bias) if bias is not None and needs[2] else None
-        return grad_a, grad_b, grad_bias, None
+        return grad_a, grad_b, grad_bias, None, None
     # Linear: a is x (..., K), b the weight (N, K), grad_z (..., N).
     rows_of = grad_z if grad_z.dim() == 2 else grad_z.reshape(-1, b.shape[0])
     grad_x = grad_w = grad_bias = None
@@ -275,7 +285,7 @@ def _matmul_backward_planned(ctx, grad):
                   else torch.mm(rows_of.t(), x_rows))
     if bias is not None and needs[2]:
         grad_bias = bias_grad(rows_of, bias)
-    return grad_x, grad_w, grad_bias, None
+    return grad_x, grad_w, grad_bias, None, None
 
 
 #: What :func:`runtime.device_guard` gives for a tensor on the current device (a CPU tensor is
@@ -388,15 +398,18 @@ def _launch_kept(path, kept, a, b, bias) -> torch.Tensor:
     """The product of checked operands of a kept signature (:class:`_Kept`; for a linear one
     x and the weight): its plan launched, or (``path`` ``RECORD``) its autograd Function applied
     with it."""
+    seed = dropout_seed(a.device) if kept.dropout_p else None  # each call's own mask
     if path == runtime.RECORD:
-        return _matmul.record_planned(a, b, bias, kept)
+        return _matmul.record_planned(a, b, bias, kept, seed)
     out = a.new_empty(kept.shape)
     guard = runtime.device_guard(a)  # bias and seed placeholders: out (never read)
     if guard is _SAME_DEVICE:
-        kept.plan.launch_eager(a, b, out, bias if bias is not None else out, out)
+        kept.plan.launch_eager(a, b, out, bias if bias is not None else out,
+                               out if seed is None else seed)
     else:
         with guard:
-            kept.plan.launch_eager(a, b, out, bias if bias is not None else out, out)
+            kept.plan.launch_eager(a, b, out, bias if bias is not None else out,
+                                   out if seed is None else seed)
     return out
 
 
@@ -466,10 +479,10 @@ def linear(
         # Dropout's two arguments only when it is on: the call without them is today's op call.
         dropout = (p, dropout_seed(x.device)) if p > 0 else ()
         out = _matmul(rows, weight_t, bias, op_activation, slope, *dropout)
-        if key is not None and (checked or (kept is None and path and not p)):
-            # Kept: the checks' conclusions, and (eager, no dropout) the product's plan.
+        if key is not None and (checked or (kept is None and path)):
+            # Kept: the checks' conclusions, and (eager) the product's plan.
             _LINEAR_CALLS.under(TUNING).remember(key, (*call[:4], _kept(
-                rows, weight_t, out, bias, op_activation, slope, x) if path and not p else None))
+                rows, weight_t, out, bias, op_activation, slope, x, p) if path else None))
     # 2-D, or 3-D run as a batched product: out has x's lead dims.
     return out if rows_kind == _ROWS_AS_IS else out.reshape(*x.shape[:-1], weight.shape[0])
 

@@ -30,9 +30,11 @@ def _dropout_scale_plan(rows: int, cols: int, rows_per_batch: int, src_strides: 
                                           num_warps=tuning.dropout_num_warps))
 
 
-def dropout_scaled(src: torch.Tensor, seed: torch.Tensor, dropout_p: float) -> torch.Tensor:
+def dropout_scaled(src: torch.Tensor, seed: torch.Tensor, dropout_p: float,
+                   eager: bool = False) -> torch.Tensor:
     """``src * keep / (1 - p)`` for ``src`` shaped as matmul's output, (M, N) or (B, M, N) of
-    any strides, ``keep`` the mask the epilogue draws for ``seed``; contiguous."""
+    any strides, ``keep`` the mask the epilogue draws for ``seed``; contiguous. ``eager``: called
+    from an eager autograd backward (launched straight, as :meth:`LaunchPlan.launch_eager`)."""
     out = src.new_empty(src.shape)
     if out.numel() == 0:
         return out
@@ -41,7 +43,10 @@ def dropout_scaled(src: torch.Tensor, seed: torch.Tensor, dropout_p: float) -> t
     plan = _dropout_scale_plan(out.numel() // cols, cols, rows_per_batch, src_strides,
                                dropout_p, src.dtype, TUNING)
     with runtime.device_guard(src):
-        plan.launch(src, out, seed)
+        if eager:
+            plan.launch_eager(src, out, seed)
+        else:
+            plan.launch(src, out, seed)
     return out
 
 
