@@ -361,8 +361,8 @@ def test_interleaved_failure_is_reported_and_the_others_still_run():
 
 def test_the_compiled_candidate_patches_for_torch_compile():
     """triton-workshop's compiled candidate is patched with compiled=True (its standalone norms
-    left to Inductor) and its GPT-2 keeps torch's loss; the eager one swaps every norm and fuses
-    the GPT-2's loss with its LM head."""
+    left to Inductor, its Linear+GELU fused) and its GPT-2 keeps torch's loss; the eager one
+    leaves the Linear+GELU to cuBLAS and torch and fuses the GPT-2's loss with its LM head."""
     workload = bm.WORKLOADS["gpt2_train"]
     size = workload.sizes["tiny"]
     torch.manual_seed(0)
@@ -371,8 +371,10 @@ def test_the_compiled_candidate_patches_for_torch_compile():
     compiled = bm.prepare(workload.model(size).to(DEVICE), bm.OURS_COMPILED, workload)
     inner = compiled._orig_mod  # torch.compile's wrapper: nothing compiled until it is called
     assert isinstance(compiled, torch._dynamo.eval_frame.OptimizedModule)
-    assert type(eager.ln_f) is triton_workshop.nn.LayerNorm and eager.fused_loss is not None
+    assert type(eager.ln_f) is torch.nn.LayerNorm and eager.fused_loss is not None
     assert type(inner.ln_f) is torch.nn.LayerNorm and inner.fused_loss is None
+    assert type(eager.blocks[0].mlp[0]) is torch.nn.Linear
+    assert type(inner.blocks[0].mlp[0]) is triton_workshop.nn.Linear
     assert type(inner.blocks[0].attn) is not torch.nn.MultiheadAttention  # attention swapped
     x, y = workload.batches(size, 1)[0]
     x, y = x.to(DEVICE), y.to(DEVICE)

@@ -37,7 +37,8 @@ def run_both(name: str, *args: str) -> tuple[list[float], list[float]]:
 def test_train_gpt2_patched_matches_torch(capsys):
     patched, plain = run_both("train_gpt2", "--steps", "4", "--lr", "3e-3")
     printed = capsys.readouterr().out
-    assert "patched: layer_norm 5, linear 2, attention 2 (fused: linear_activation 2)" in printed
+    # Eagerly the attention wins; the LayerNorms and the Linear+GELUs stay torch's (patch's rules).
+    assert "patched: attention 2" in printed
     assert printed.count(" ms") >= 8 and "median" in printed
     assert len(patched) == len(plain) == 4
     torch.testing.assert_close(torch.tensor(patched), torch.tensor(plain), rtol=1e-5, atol=1e-5)

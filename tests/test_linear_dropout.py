@@ -129,19 +129,20 @@ def test_batch_dims_and_vectors(shape, seeds):
     check_against_reference(x, w, b, "gelu", 0.4, seeds, torch.float32)
 
 
-@pytest.mark.parametrize("shape", [(13, 17), (2, 5, 17)], ids=str)
+@pytest.mark.parametrize("shape", [(13, 32), (2, 5, 32)], ids=str)
 def test_repeated_calls_take_the_kept_launch_with_a_fresh_mask(shape, seeds, monkeypatch):
     # From the second call of a signature on, the eager path launches the kept plan with the
     # call's own seed, forward and backward (the mask redrawn from it, not by the op's
     # backward): each call matches its masked reference on fresh data, and each draws a mask of
-    # its own.
+    # its own. Rows of 16-byte multiples: on a GPU, others are copied aligned at every call
+    # (launch_matmul's general path, which keeps no plan).
     op_backwards = []
     op = matmul_module.matmul_dropout_backward
     monkeypatch.setattr(matmul_module, "matmul_dropout_backward",
                         lambda *args: op_backwards.append(1) or op(*args))
     keeps = []
     for step in range(3):
-        x, w, b = rand(*shape, seed=30 + step), rand(10, 17, seed=40 + step), rand(10, seed=50)
+        x, w, b = rand(*shape, seed=30 + step), rand(16, 32, seed=40 + step), rand(16, seed=50)
         keeps.append(check_against_reference(x, w, b, "gelu", 0.3, seeds, torch.float32)[1])
     assert len(op_backwards) == 1  # the first call's (the general path): none since
     assert len(seeds) == 3 and not torch.equal(keeps[1], keeps[2])
@@ -380,7 +381,8 @@ def test_sequential_fuses_the_dropout_in_training(linear_calls, seeds):
     result = patch_quietly(model)
     assert type(model) is FusedSequential
     assert fused(result) == {"linear_dropout": 2}
-    assert result["linear"] == 2 and result["layer_norm"] == 1
+    assert result["linear"] == 2  # the LayerNorm runs on its own: torch's (layer_norm="fused")
+    assert result["layer_norm"] == 0
     x = rand(3, 5, 16, seed=38)
     out = model(x)
     assert linear_calls == [0.1, 0.1] and len(seeds) == 2

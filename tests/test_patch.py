@@ -112,13 +112,15 @@ def test_linear_and_layer_norm_in_a_custom_forward():
     model = nn.Sequential(MLPBlock(), MLPBlock()).to(DEVICE)
     reference = copy.deepcopy(model)
     by_default = copy.deepcopy(model)
-    # Nothing runs fused with these Linears (their forward is opaque): cuBLAS keeps them ...
+    # Nothing runs fused with these Linears or LayerNorms (their forward is opaque): torch keeps
+    # them ...
     result = patch_quietly(by_default)
-    assert result == counts(layer_norm=2)
-    assert left_by_rule(result) == ["0.up", "0.down", "1.up", "1.down"]
-    assert type(by_default[0].up) is nn.Linear and type(by_default[0].norm) is tw.LayerNorm
+    assert result == counts()
+    assert sorted(left_by_rule(result)) == ["0.down", "0.norm", "0.up", "1.down", "1.norm", "1.up"]
+    assert type(by_default[0].up) is nn.Linear and type(by_default[0].norm) is nn.LayerNorm
     # ... unless asked.
-    assert patch_quietly(model, linear="always") == counts(layer_norm=2, linear=4)
+    assert patch_quietly(model, linear="always", layer_norm="always") == counts(layer_norm=2,
+                                                                                linear=4)
     assert type(model[0].norm) is tw.LayerNorm and type(model[1].up) is tw.Linear
     assert type(model) is nn.Sequential  # MLPBlock → MLPBlock: nothing to fuse
     assert_same_function(model, reference, rand(3, 5, 24, seed=1))
@@ -171,7 +173,8 @@ def test_layer_norm_fused_rule_keeps_only_the_fused_layer_norms():
     assert_same_function(model, reference, rand(3, 5, 24, seed=2))
     # The other values, and bad ones refused by name before anything changes.
     assert patch_quietly(copy.deepcopy(reference), layer_norm="always")["layer_norm"] == 2
-    assert patch_quietly(copy.deepcopy(reference), layer_norm=True)["layer_norm"] == 2
+    assert patch_quietly(copy.deepcopy(reference), layer_norm=True)["layer_norm"] == 1
+    assert patch_quietly(copy.deepcopy(reference))["layer_norm"] == 1  # "fused": the default
     assert patch_quietly(copy.deepcopy(reference), layer_norm="never")["layer_norm"] == 0
     assert patch_quietly(copy.deepcopy(reference), layer_norm=False)["layer_norm"] == 0
     with pytest.raises(ValueError, match="layer_norm must be"):
@@ -200,8 +203,8 @@ def test_compiled_leaves_the_standalone_norms_to_inductor():
     assert left == {("1.norm", "layer_norm", True), ("2", "rms_norm", True)}
     assert all("compiled=True" in s.reason for s in result.skipped if "norm" in s.kind)
     assert_same_function(model, reference, rand(3, 5, 24, seed=2))
-    # Not compiled (the default): every norm swapped.
-    assert patch_quietly(copy.deepcopy(reference)) == counts(layer_norm=2, rms_norm=1, linear=1)
+    # Not compiled (the default): the RMSNorm swapped too; the LayerNorm on its own stays.
+    assert patch_quietly(copy.deepcopy(reference)) == counts(layer_norm=1, rms_norm=1, linear=1)
     with pytest.raises(TypeError, match="compiled must be a bool"):
         tw.patch(copy.deepcopy(reference), compiled="yes")
 
@@ -260,10 +263,13 @@ def test_transformer_encoder_in_training():
     model = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).to(DEVICE)
     reference = copy.deepcopy(model)
     by_default = copy.deepcopy(model)
-    result = patch_quietly(by_default)  # linear1/linear2: plain matmuls, left to cuBLAS
-    assert result == counts(layer_norm=4, attention=2)
-    assert sorted(left_by_rule(result)) == [f"layers.{i}.linear{j}" for i in (0, 1) for j in (1, 2)]
-    assert patch_quietly(model, linear="always") == counts(layer_norm=4, linear=4, attention=2)
+    # linear1/linear2: plain matmuls, left to cuBLAS; the norms run on their own: torch's.
+    result = patch_quietly(by_default)
+    assert result == counts(attention=2)
+    assert sorted(left_by_rule(result)) == sorted(
+        [f"layers.{i}.{m}{j}" for i in (0, 1) for m in ("linear", "norm") for j in (1, 2)])
+    assert patch_quietly(model, linear="always", layer_norm="always") == counts(
+        layer_norm=4, linear=4, attention=2)
     assert_same_function(model, reference, rand(2, 6, 16, seed=6))
 
 
@@ -320,6 +326,9 @@ def test_tied_and_shared_modules_stay_tied_and_shared():
     model.to(DEVICE)
     by_default = copy.deepcopy(model)
     result = patch_quietly(by_default)
+    assert result["linear"] == 0  # eagerly, a Linear and its ReLU alone stay torch's
+    assert sorted(left_by_rule(result)) == ["a", "head"]
+    result = patch_quietly(by_default, linear="fused")
     assert result["linear"] == 1  # fused with the ReLU where it is shared; the head is plain
     assert left_by_rule(result) == ["head"] and type(by_default["a"]) is tw.Linear
     result = patch_quietly(model, linear="always")
@@ -366,7 +375,16 @@ def test_fusions_in_a_sequential(monkeypatch):
         nn.Linear(8, 8), nn.GELU(),  # exact GELU: not what the epilogue computes
     ).to(DEVICE)
     reference = copy.deepcopy(model)
-    result = patch_quietly(model)
+    # By default (eagerly), a Linear followed by an activation alone stays on torch, and so does
+    # a LayerNorm that runs on its own: only the LayerNorm + Linear pair is swapped.
+    by_default = patch_quietly(copy.deepcopy(reference))
+    assert by_default == counts(layer_norm=1, linear=1)
+    assert fused(by_default) == {"layer_norm_linear": 1}
+    left = {s.name: s.reason for s in by_default.skipped}
+    assert set(left) == {"0", "1", "3", "7"}
+    assert all("activation alone" in left[name] for name in ("1", "3"))
+    # Every fusion, and every LayerNorm, when asked for.
+    result = patch_quietly(model, linear="fused", layer_norm="always")
     assert result == counts(layer_norm=2, linear=3)  # the Linear before the exact GELU stays
     assert left_by_rule(result) == ["7"] and type(model[7]) is nn.Linear
     assert fused(result) == {"layer_norm_linear": 1, "linear_activation": 2}
@@ -391,7 +409,7 @@ def test_no_fusion_where_adjacency_is_not_proven():
         nn.Sequential(nn.LayerNorm((2, 8)), nn.Linear(8, 8)),  # normalises two dims
         nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 8), nn.ReLU()),  # Linear+ReLU instead
     ]).to(DEVICE)  # fmt: skip
-    result = patch_quietly(model)
+    result = patch_quietly(model, linear="fused")
     assert fused(result) == {"linear_activation": 1}
     assert type(model[0]) is MySequential and type(model[1]) is nn.Sequential
     x = rand(3, 2, 8, seed=4)
@@ -555,7 +573,7 @@ def test_meta_model_is_patched_and_materialises():
     reference = nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4)).to(DEVICE)
     with torch.device("meta"):
         model = nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4))
-    result = patch_quietly(model)
+    result = patch_quietly(model, linear="fused", layer_norm="always")
     assert result == counts(layer_norm=1, linear=1) and fused(result) == {"linear_activation": 1}
     assert left_by_rule(result) == ["3"]
     model.to_empty(device=DEVICE)
@@ -575,7 +593,8 @@ def test_the_model_itself_is_swapped_in_place():
 
 def test_patch_twice_and_flags():
     model = nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 8), nn.Conv2d(1, 1, 1)).to(DEVICE)
-    assert patch_quietly(model, linear=False, conv2d=False) == counts(layer_norm=1)
+    assert patch_quietly(model, linear=False, conv2d=False, layer_norm="always") == counts(
+        layer_norm=1)
     assert type(model[1]) is nn.Linear and type(model[2]) is nn.Conv2d
     result = patch_quietly(model)  # the Conv2d stays on cuDNN by default
     assert result == counts(linear=1) and fused(result) == {"layer_norm_linear": 1}
@@ -589,7 +608,7 @@ def test_patched_model_deepcopies_and_compiles():
     torch.manual_seed(0)
     model = nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8)).to(DEVICE)
     reference = copy.deepcopy(model)
-    patch_quietly(model)
+    patch_quietly(model, linear="fused", layer_norm="always")
     clone = copy.deepcopy(model)
     assert type(clone) is FusedSequential and type(clone[1]) is tw.Linear
     # aot_eager traces forward and backward as Inductor would, without a C++ toolchain.
@@ -635,20 +654,27 @@ def test_rms_norm(eps):
     with torch.no_grad():
         model[0].weight.add_(rand(24, seed=2) * 0.3)
     reference = copy.deepcopy(model)
-    assert patch_quietly(model) == counts(rms_norm=1, linear=1)
+    assert patch_quietly(model, linear="fused") == counts(rms_norm=1, linear=1)
     assert type(model[0]) is tw.RMSNorm and model[0].eps == eps
     assert_same_function(model, reference, rand(3, 5, 24, seed=1))
     assert patch_quietly(nn.RMSNorm(4).to(DEVICE), rms_norm=False) == counts()
 
 
-def test_linear_true_is_the_fused_rule_and_false_swaps_none():
+def test_linear_true_is_the_auto_rule_and_false_swaps_none():
     def build():
         torch.manual_seed(0)
         return nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8)).to(DEVICE)
 
-    results = {flag: patch_quietly(m := build(), linear=flag) for flag in (True, "fused", False)}
-    assert results[True] == results["fused"] == counts(linear=1)
-    assert left_by_rule(results[True]) == ["2"]
+    flags = (True, "auto", "fused", False)
+    results = {flag: patch_quietly(m := build(), linear=flag) for flag in flags}
+    # auto (the default), eagerly: the Linear and its ReLU alone stay torch's, listed.
+    assert results[True] == results["auto"] == counts()
+    assert left_by_rule(results[True]) == ["0", "2"]
+    assert "activation alone" in results[True].skipped[0].reason
+    # fused: the pair runs fused; so it does with auto for a model to compile.
+    assert results["fused"] == counts(linear=1)
+    assert left_by_rule(results["fused"]) == ["2"]
+    assert patch_quietly(build(), compiled=True) == counts(linear=1)
     assert results[False] == counts() and not results[False].skipped  # not asked: not listed
     assert type(m[0]) is nn.Linear and type(m) is nn.Sequential
 
@@ -687,10 +713,10 @@ def test_interpreter_warning_is_said_once(monkeypatch):
     monkeypatch.setattr(patch_module, "_interpreter_warning_given", False)
     model = nn.Sequential(nn.LayerNorm(4)).to(DEVICE)
     with pytest.warns(InterpreterWarning, match="interpreter.*50-90x slower"):
-        tw.patch(model)
+        tw.patch(model, layer_norm="always")
     with warnings.catch_warnings():
         warnings.simplefilter("error", InterpreterWarning)
-        tw.patch(nn.Sequential(nn.LayerNorm(4)).to(DEVICE))  # once a process
+        tw.patch(nn.Sequential(nn.LayerNorm(4)).to(DEVICE), layer_norm="always")  # once a process
     monkeypatch.setattr(patch_module, "_interpreter_warning_given", False)
     with warnings.catch_warnings():
         warnings.simplefilter("error", InterpreterWarning)
@@ -700,4 +726,4 @@ def test_interpreter_warning_is_said_once(monkeypatch):
     if DEVICE.type == "cuda":
         with warnings.catch_warnings():
             warnings.simplefilter("error", InterpreterWarning)
-            tw.patch(nn.Sequential(nn.LayerNorm(4)).to(DEVICE))
+            tw.patch(nn.Sequential(nn.LayerNorm(4)).to(DEVICE), layer_norm="always")

@@ -38,17 +38,28 @@ ends in a Dropout, with or without an activation: what runs fused while training
 alone, and the state_dict keeps its keys); the Sequential decides at each call, and runs them one
 by one when a hook sits on any of them.
 
-**Which Linears and Conv2ds.** A module is swapped where a fusion removes work or where the
-Triton kernel is the faster one: norms and attention always; no ``Conv2d`` by default (nothing
+**Which modules.** A module is swapped where a fusion removes work or where the Triton kernel
+made training steps faster: attention and RMSNorms always (an RMSNorm is several torch ops;
+attention's kernel is the faster one); a ``LayerNorm`` only where it runs fused with the Linear
+after it (on its own it is one torch kernel too, and in the GPT-2 training steps measured on an
+H200 the faster Triton kernel saved less than the host time it added: eager 0.81x torch with
+every LayerNorm swapped against 0.93x without at 4 x 512, 1.00x against 1.10x at 8 x 1024;
+``layer_norm="always"`` swaps them all); no ``Conv2d`` by default (nothing
 is fused into one, and cuDNN's convolutions won in a training step: ResNet-18 eager ran at 0.79x
 torch with its NCHW convolutions swapped on an H200, and the benchmark's 3x3 rows had the Triton
 kernel at 0.51x cuDNN NCHW and 0.60x NHWC on an H100; each stays on torch, listed in
 ``skipped``; ``conv2d="always"`` swaps them); a ``Linear`` only where something runs fused with
-it (an activation in its epilogue, a LayerNorm before it, inside a Sequential as above).
+it (a training Dropout in its epilogue, with the activation before it, or a LayerNorm before
+it, inside a Sequential as above). Eagerly, a Linear followed by an activation alone stays on
+torch too: cuBLAS's product and torch's one activation kernel ran faster than the fused kernel,
+whose backward recomputes the product to save memory (GPT-2 at 8 x 1024: 1.10x torch without
+that fusion, 0.87x with it); under ``compiled=True`` it is fused (1.07x torch.compile with it,
+1.03x without), and ``linear="always"`` fuses it too.
 A plain ``Linear`` with nothing to fuse is the same matmul either way, and cuBLAS runs it with less
 host time a call, so it stays on torch, listed in ``skipped`` (with ``policy=True``; no warning).
-``linear="always"`` swaps every ``Linear``; ``linear=True`` is the default ``"fused"`` rule;
-``linear=False`` (or ``"never"``) swaps none. A swapped attention's projections follow the
+``linear=True`` is the default ``"auto"`` rule (as above); ``"fused"`` swaps every Linear
+that runs fused with a neighbour, eagerly too (a Linear and its activation alone included);
+``linear="always"`` swaps every ``Linear``; ``linear=False`` (or ``"never"``) swaps none. A swapped attention's projections follow the
 same rule: on cuBLAS (``F.linear``, its ``out_proj`` left torch's) unless ``linear="always"``.
 The rule is the same in interpreter mode, so that a
 model patched on the CPU has the modules it would have on the GPU.
@@ -136,13 +147,14 @@ from .swap_rules import (  # noqa: F401 - re-exported, as above
     tw_attention_max_head_dim,
 )
 
-#: The values of ``linear=``: True is "fused", False is "never".
-LINEAR_POLICIES = ("fused", "always", "never")
+#: The values of ``linear=``: True is "auto" ("fused", less a Linear followed by an activation
+#: alone in an eager model), False is "never".
+LINEAR_POLICIES = ("auto", "fused", "always", "never")
 #: The values of ``conv2d=``: True is "auto", False is "never".
 CONV2D_POLICIES = ("auto", "always", "never")
-#: The values of ``layer_norm=``: True is "always", False is "never"; "fused" swaps only the
-#: LayerNorms that run fused with the Linear after them.
-LAYER_NORM_POLICIES = ("always", "fused", "never")
+#: The values of ``layer_norm=``: True is "fused" (only the LayerNorms that run fused with the
+#: Linear after them are swapped), False is "never"; "always" swaps every LayerNorm.
+LAYER_NORM_POLICIES = ("fused", "always", "never")
 
 
 # --------------------------------------------------------------------------------------------
@@ -202,8 +214,8 @@ class Plan:
         self.counts.skipped.append(Skipped(name, kind, str(reason), policy))
 
 
-def plan_patch(model: nn.Module, *, kinds: Iterable[str], extra=None, linear: str = "fused",
-               conv2d: str = "auto", layer_norm: str = "always", compiled: bool = False) -> Plan:
+def plan_patch(model: nn.Module, *, kinds: Iterable[str], extra=None, linear: str = "auto",
+               conv2d: str = "auto", layer_norm: str = "fused", compiled: bool = False) -> Plan:
     """Decide every swap (see :func:`patch`); ``extra(name, module)`` may claim a module first:
     it returns None (not its business), ``(None, None, None)`` (its business: leave the module
     as it is, unlisted), or ``(kind, swaps, reason)`` (a :class:`PolicyReason` for a choice).
@@ -211,7 +223,9 @@ def plan_patch(model: nn.Module, *, kinds: Iterable[str], extra=None, linear: st
     Conv2ds (:data:`CONV2D_POLICIES`), ``layer_norm`` the rule for LayerNorms
     (:data:`LAYER_NORM_POLICIES`); each is read only when its kind is among ``kinds``.
     ``compiled``: the model will run under ``torch.compile``, so the norms that run on their own
-    stay on torch for Inductor (:data:`LEFT_TO_INDUCTOR`)."""
+    stay on torch for Inductor (:data:`LEFT_TO_INDUCTOR`); eagerly, under ``linear="auto"``, a
+    Linear followed by an activation alone (no training Dropout) stays on torch
+    (:data:`EAGER_LINEAR_ACTIVATION`)."""
     check_model(model)
     if linear not in LINEAR_POLICIES:
         raise ValueError(f"linear must be one of {LINEAR_POLICIES}, got {linear!r}")
@@ -244,8 +258,10 @@ def plan_patch(model: nn.Module, *, kinds: Iterable[str], extra=None, linear: st
             continue
         plan.swaps.extend((target, template, kind, name) for target, template in swaps)
         plan.counts[kind] = plan.counts.get(kind, 0) + 1
-    fused_ids = _plan_sequentials(model, plan)
-    if linear == "fused":
+    fused_ids, activation_only = _plan_sequentials(
+        model, plan, fuse_activations=compiled or linear != "auto")
+    if linear in ("auto", "fused"):
+        _keep_on_torch(plan, "linear", lambda m: id(m) in activation_only, EAGER_LINEAR_ACTIVATION)
         _keep_on_torch(plan, "linear", lambda m: id(m) not in fused_ids, UNFUSED_LINEAR)
     if conv2d == "auto":
         _keep_on_torch(plan, "conv2d", lambda m: True, CUDNN_CONV)
@@ -274,6 +290,14 @@ def _projections_on_cublas(plan: Plan) -> None:
             kept.append(swap)
         # else: the attention's out_proj, which stays as it is
     plan.swaps[:] = kept
+
+
+#: Why, eagerly, a Linear followed by an activation alone stays on torch under the default rule.
+EAGER_LINEAR_ACTIVATION = PolicyReason(
+    "a Linear followed by an activation alone: eagerly, cuBLAS's product and torch's one "
+    "activation kernel ran faster than the fused kernel, whose backward recomputes the product "
+    "(GPT-2 training steps on an H200); fused under compiled=True or linear='fused'"
+)
 
 
 #: Why a plain Linear stays on torch under the default rule.
@@ -332,9 +356,13 @@ def _plan_encoders(model: nn.Module, plan: Plan) -> None:
             plan.encoders.append(module)
 
 
-def _plan_sequentials(model: nn.Module, plan: Plan) -> set[int]:
-    """Plan the Sequentials that fuse; returns the ids of the modules in a fused chain."""
+def _plan_sequentials(model: nn.Module, plan: Plan,
+                      fuse_activations: bool = True) -> tuple[set[int], set[int]]:
+    """Plan the Sequentials that fuse; returns the ids of the modules in a fused chain, and
+    (without ``fuse_activations``) those of the Linears followed by an activation alone, whose
+    fusion is not planned."""
     in_pairs: set[int] = set()
+    activation_only: set[int] = set()
     becomes = {id(target): type(template) for target, template, _, _ in plan.swaps}
 
     def planned_kind(module):
@@ -362,6 +390,9 @@ def _plan_sequentials(model: nn.Module, plan: Plan) -> set[int]:
                 tuple(steps[i].normalized_shape) != (steps[i + 1].in_features,)
             ):
                 fusion = None
+            if fusion == "linear_activation" and not fuse_activations:
+                activation_only.add(id(steps[i]))
+                fusion = None
             if fusion is None:
                 i += 1
                 continue
@@ -374,7 +405,7 @@ def _plan_sequentials(model: nn.Module, plan: Plan) -> set[int]:
             i += length
         if fused and type(module) is nn.Sequential:
             plan.sequentials.append(module)
-    return in_pairs
+    return in_pairs, activation_only
 
 
 # --------------------------------------------------------------------------------------------
@@ -459,7 +490,7 @@ def conv2d_policy(value) -> str:
 
 
 def layer_norm_policy(value) -> str:
-    """``layer_norm=`` as one of :data:`LAYER_NORM_POLICIES`: True is "always", False is
+    """``layer_norm=`` as one of :data:`LAYER_NORM_POLICIES`: True is "fused", False is
     "never"."""
     return _policy(value, "layer_norm", LAYER_NORM_POLICIES)
 
@@ -483,15 +514,19 @@ def patch(
     ``MultiheadAttention`` modules (each kind unless its flag is False) for triton-workshop's, in
     place, and fuse adjacent pairs inside ``nn.Sequential`` s (see the module docstring).
 
-    ``linear``: ``True`` / ``"fused"`` (the default) swaps the Linears that run fused with a
-    neighbour, ``"always"`` every Linear, ``False`` / ``"never"`` none. ``conv2d``: ``True`` /
+    ``linear``: ``True`` / ``"auto"`` (the default) swaps the Linears that run fused with a
+    neighbour, eagerly less those followed by an activation alone (see below), ``"fused"`` all
+    of those, ``"always"`` every Linear, ``False`` / ``"never"`` none. ``conv2d``: ``True`` /
     ``"auto"`` (the default) leaves every Conv2d on cuDNN (the faster one in a training step,
     listed in ``skipped``), ``"always"`` swaps every Conv2d, ``False`` / ``"never"`` none.
-    ``layer_norm``: ``True`` / ``"always"`` (the default) swaps every LayerNorm, ``"fused"``
-    only those that run fused with the Linear after them (the others stay on torch, listed in
-    ``skipped``: where the host sets a step's pace, small batches especially, a LayerNorm on its
-    own costs more host time than its faster kernel saves; docs/results.md), ``False`` /
-    ``"never"`` none. ``compiled=True`` says the model will run under ``torch.compile``: each
+    ``layer_norm``: ``True`` / ``"fused"`` (the default) swaps the LayerNorms that run fused with
+    the Linear after them (the others stay on torch, listed in ``skipped``: a LayerNorm on its
+    own is one kernel in torch too, and its faster Triton kernel saved less than the host time
+    it added in every GPT-2 training step measured; docs/results.md), ``"always"`` every
+    LayerNorm, ``False`` / ``"never"`` none. Eagerly, ``linear="auto"`` leaves a Linear followed
+    by an activation alone on torch too (cuBLAS and torch's one activation kernel ran faster
+    than the fused kernel, whose backward recomputes the product); a Linear with a training
+    Dropout after it (and an activation between) runs fused. ``compiled=True`` says the model will run under ``torch.compile``: each
     LayerNorm or RMSNorm that runs on its own then stays on torch (listed in ``skipped``), where
     Inductor fuses it with the residual add before it and the casts around it, faster than a
     separate kernel in compiled training steps; what Inductor cannot fuse as well (attention,

@@ -409,8 +409,11 @@ def patch_model(
     RMSNorm after it: needs ``rms_norm`` too); ``attention`` counts the attention modules now on
     ``attn_implementation="triton_workshop"``; ``fused["linear_activation"]`` counts the GELUs
     fused into a Conv1D, ``fused["linear_dropout"]`` the residual dropouts (GPT-2's, p > 0)
-    fused into one (applied while the model trains). ``linear`` as in ``nn.patch``: ``True``/``"fused"`` (default),
-    ``"always"``, ``False``/``"never"``; it also rules GPT-2's Conv1D. Modules left as they were
+    fused into one (applied while the model trains). ``linear`` as in ``nn.patch``: ``True``/``"auto"`` (default),
+    ``"fused"``, ``"always"``, ``False``/``"never"``; it also rules GPT-2's Conv1D, whose tanh
+    GELU (transformers' several-op GELU) and residual Dropouts run fused under "auto" too.
+    ``layer_norm`` as in ``nn.patch``: by default (``"fused"``) a LayerNorm that runs on its own
+    stays on torch (GPT-2's all do). Modules left as they were
     are in the result's ``skipped`` list (and, unless left by the ``linear`` rule, in a
     :class:`~triton_workshop.nn.patch.PatchWarning`). ``compiled=True``, for a model about to
     be compiled, leaves the norms that run on their own (RMSNorms, with their residual adds, and
