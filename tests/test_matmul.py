@@ -793,17 +793,23 @@ print("ok")
 """
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tests time the real thing")
-def test_ragged_main_loop_compiles_to_16_byte_async_copies(tmp_path):
+def run_compile_script(script: str, cwd, timeout: int) -> None:
+    """Run a script that compiles kernels for sm_90 on the CPU (outside interpreter mode, in a
+    process of its own) and prints "ok" last."""
     import subprocess
     import sys
 
     env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_WORKSHOP_QUIET"] = "1"
-    done = subprocess.run([sys.executable, "-c", _SM90_SCRIPT], env=env, capture_output=True,
-                          text=True, timeout=300, cwd=tmp_path)
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=timeout, cwd=cwd)
     assert done.returncode == 0 and done.stdout.rstrip().endswith("ok"), done.stdout + done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tests time the real thing")
+def test_ragged_main_loop_compiles_to_16_byte_async_copies(tmp_path):
+    run_compile_script(_SM90_SCRIPT, tmp_path, 300)
 
 
 _TMA_SHARED_SCRIPT = r"""
@@ -856,14 +862,7 @@ print("ok")
 def test_tma_kernel_fits_shared_memory_at_its_tiles_and_dropout_would_not(tmp_path):
     # Compiled for sm_90 on the CPU: a launch Triton would refuse for its shared memory (as
     # dropout's epilogue was, at a GPT-2 MLP's size) shows here without a GPU.
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_WORKSHOP_QUIET"] = "1"
-    done = subprocess.run([sys.executable, "-c", _TMA_SHARED_SCRIPT], env=env,
-                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
-    assert done.returncode == 0 and done.stdout.rstrip().endswith("ok"), done.stdout + done.stderr
+    run_compile_script(_TMA_SHARED_SCRIPT, tmp_path, 600)
 
 
 # ---------------------------------------------------------------------------------------------
