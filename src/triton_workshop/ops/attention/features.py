@@ -112,8 +112,8 @@ def common_args(q: torch.Tensor, k: torch.Tensor, causal: bool, features: Featur
     n_q, n_k = features.rows(q, k)
     consts = features.consts()
     if consts["DROPOUT"] and not features.varlen and n_k % 4 == 0:
-        # Every row's flat dropout index starts at a multiple of 4: the forward's one Philox
-        # call draws four keys' numbers (kernel_helpers.dropout_keep_tile).
+        # Every row's flat dropout index starts at a multiple of 4: one Philox call draws four
+        # keys' numbers (kernel_helpers.dropout_keep_tile).
         consts["DROPOUT"] = 4
     return _common_args_for(n_q, n_k, q.shape[3], bool(causal), q.dtype, tuple(consts.items()))
 

@@ -173,8 +173,7 @@ def dropout_keep_tile(seed, row_offsets, cols, dropout_p, DROPOUT: tl.constexpr)
     (``cols``: consecutive keys from a multiple of 4, as every key tile starts). ``DROPOUT ==
     4`` (the host knows each row offset is a multiple of 4: Nk is, and the sequences are not
     packed): one Philox call for four keys, interleaved, a quarter of the integer work of one
-    call an element (ten rounds each). The forward's: the backward kernels draw one a key
-    (:func:`dropout_keep`), the same numbers."""
+    call an element (ten rounds each, which limited the kernels with dropout)."""
     if DROPOUT == 4:
         groups = tl.arange(0, cols.shape[0] // 4)
         counters = (row_offsets[:, None] + tl.min(cols, 0)) // 4 + groups[None, :]

@@ -15,7 +15,6 @@ import triton.language as tl
 
 from .kernel_helpers import (
     dot_operand,
-    dropout_keep,
     dropout_keep_tile,
     is_visible,
     load_lse2,
@@ -147,10 +146,8 @@ def attn_bwd_dkdv_inner(
         if DROPOUT:
             # O = (P ∘ Z) V / (1 - p) with Z the kept mask: dV sees the dropped P, and dP the
             # same mask and scale; Δ = rowsum(dO ∘ O) already is rowsum(P ∘ dP).
-            # One Philox call a key here: four keys a call, drawn along the rows and transposed,
-            # made this backward three times slower on an H200 (docs/results.md).
-            keep_t = dropout_keep(seed, rng_base + offs_m[None, :] * rng_stride + offs_n[:, None],
-                                  dropout_p)  # fmt: skip
+            keep_t = tl.trans(dropout_keep_tile(seed, rng_base + offs_m * rng_stride, offs_n,
+                                                dropout_p, DROPOUT))  # fmt: skip
             keep_scale = 1.0 / (1.0 - dropout_p)
             pd_t = tl.where(keep_t, p_t * keep_scale, 0.0)
         else:
@@ -202,7 +199,7 @@ def attn_bwd_dq_inner(
         p = tl.exp2(s - lse2[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)
         if DROPOUT:
-            keep = dropout_keep(seed, rng_rows[:, None] + cols[None, :], dropout_p)  # as dK, dV
+            keep = dropout_keep_tile(seed, rng_rows, cols, dropout_p, DROPOUT)
             dp = tl.where(keep, dp * (1.0 / (1.0 - dropout_p)), 0.0)
         ds = p * (dp - delta[:, None])
         if SOFTCAP:
