@@ -110,12 +110,8 @@ def common_args(q: torch.Tensor, k: torch.Tensor, causal: bool, features: Featur
     """The compile-time arguments every attention kernel takes (one shared dict per signature:
     callers unpack it, never change it)."""
     n_q, n_k = features.rows(q, k)
-    consts = features.consts()
-    if consts["DROPOUT"] and not features.varlen and n_k % 4 == 0:
-        # Every row's flat dropout index starts at a multiple of 4: one Philox call draws four
-        # keys' numbers (kernel_helpers.dropout_keep_tile).
-        consts["DROPOUT"] = 4
-    return _common_args_for(n_q, n_k, q.shape[3], bool(causal), q.dtype, tuple(consts.items()))
+    return _common_args_for(n_q, n_k, q.shape[3], bool(causal), q.dtype,
+                            tuple(features.consts().items()))
 
 
 @functools.lru_cache(maxsize=1024)

@@ -156,34 +156,10 @@ def scores2(s, qk_scale, cap_scale, cap_out, SOFTCAP: tl.constexpr):
 
 @triton.jit
 def dropout_keep(seed, offsets, dropout_p):
-    """Which elements dropout keeps: one Philox uniform number per element of the (B, H, Nq, Nk)
-    probabilities (``offsets`` its flat index ``f``): the ``f % 4``-th of the four that counter
-    ``f // 4`` gives, so that the forward, the backward and the test helper draw the same mask
-    whatever their tiles, and a tile of four aligned keys a row takes one call
-    (:func:`dropout_keep_tile`)."""
-    u0, u1, u2, u3 = tl.rand4x(seed, offsets // 4)
-    lane = offsets % 4
-    u = tl.where(lane == 0, u0, tl.where(lane == 1, u1, tl.where(lane == 2, u2, u3)))
-    return u >= dropout_p
-
-
-@triton.jit
-def dropout_keep_tile(seed, row_offsets, cols, dropout_p, DROPOUT: tl.constexpr):
-    """:func:`dropout_keep` of the tile of flat indices ``row_offsets[:, None] + cols[None, :]``
-    (``cols``: consecutive keys from a multiple of 4, as every key tile starts). ``DROPOUT ==
-    4`` (the host knows each row offset is a multiple of 4: Nk is, and the sequences are not
-    packed): one Philox call for four keys, interleaved, a quarter of the integer work of one
-    call an element (ten rounds each, which limited the kernels with dropout)."""
-    if DROPOUT == 4:
-        groups = tl.arange(0, cols.shape[0] // 4)
-        counters = (row_offsets[:, None] + tl.min(cols, 0)) // 4 + groups[None, :]
-        u0, u1, u2, u3 = tl.rand4x(seed, counters)
-        # [u0, u2] and [u1, u3] interleaved, then those two: u0, u1, u2, u3 of each group.
-        u = tl.interleave(tl.interleave(u0, u2), tl.interleave(u1, u3))
-        keep = u >= dropout_p
-    else:
-        keep = dropout_keep(seed, row_offsets[:, None] + cols[None, :], dropout_p)
-    return keep
+    """Which elements dropout keeps: Philox uniform numbers, one per element of the (B, H, Nq,
+    Nk) probabilities (``offsets`` its flat index), so the forward, the backward and the test
+    helper draw the same mask whatever their tiles."""
+    return tl.rand(seed, offsets) >= dropout_p
 
 
 @triton.jit

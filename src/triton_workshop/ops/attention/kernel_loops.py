@@ -15,7 +15,7 @@ import triton.language as tl
 
 from .kernel_helpers import (
     dot_operand,
-    dropout_keep_tile,
+    dropout_keep,
     is_visible,
     load_lse2,
     load_rows,
@@ -82,7 +82,7 @@ def attn_fwd_inner(
             # The softmax's denominator counts every probability; only the sum over V drops some
             # (the 1 / (1 - p) comes once, on the output).
             p_sum = tl.sum(p, 1)
-            p = tl.where(dropout_keep_tile(seed, rng_rows, cols, dropout_p, DROPOUT), p, 0.0)
+            p = tl.where(dropout_keep(seed, rng_rows[:, None] + cols[None, :], dropout_p), p, 0.0)
         # P is rounded to the inputs' dtype for the tensor-core dot; acc stays fp32.
         acc = tl.dot(
             dot_operand(p, v.dtype, DOT_IN_FP32),
@@ -146,8 +146,8 @@ def attn_bwd_dkdv_inner(
         if DROPOUT:
             # O = (P ∘ Z) V / (1 - p) with Z the kept mask: dV sees the dropped P, and dP the
             # same mask and scale; Δ = rowsum(dO ∘ O) already is rowsum(P ∘ dP).
-            keep_t = tl.trans(dropout_keep_tile(seed, rng_base + offs_m * rng_stride, offs_n,
-                                                dropout_p, DROPOUT))  # fmt: skip
+            keep_t = dropout_keep(seed, rng_base + offs_m[None, :] * rng_stride + offs_n[:, None],
+                                  dropout_p)  # fmt: skip
             keep_scale = 1.0 / (1.0 - dropout_p)
             pd_t = tl.where(keep_t, p_t * keep_scale, 0.0)
         else:
@@ -199,7 +199,7 @@ def attn_bwd_dq_inner(
         p = tl.exp2(s - lse2[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)
         if DROPOUT:
-            keep = dropout_keep_tile(seed, rng_rows, cols, dropout_p, DROPOUT)
+            keep = dropout_keep(seed, rng_rows[:, None] + cols[None, :], dropout_p)
             dp = tl.where(keep, dp * (1.0 / (1.0 - dropout_p)), 0.0)
         ds = p * (dp - delta[:, None])
         if SOFTCAP:
