@@ -3,7 +3,7 @@
 ::
 
     model = build_model().cuda()
-    counts = triton_workshop.nn.patch(model)    # {'layer_norm': 25, 'linear': 49, ...}
+    counts = triton_workshop.nn.patch(model)    # {'attention': 12, 'rms_norm': 0, ...}: by kind
     optimizer = torch.optim.AdamW(model.parameters())   # before or after: the same Parameters
     model = torch.compile(model)                # optional, after patch()
 
@@ -12,7 +12,8 @@ A model that will be compiled is patched with ``patch(model, compiled=True)`` (s
 What is swapped (exact classes only; a subclass may compute something else, so it is listed):
 
 ========================================  ===========================================
-``torch.nn.LayerNorm``                    :class:`triton_workshop.nn.LayerNorm`
+``torch.nn.LayerNorm`` (by default only   :class:`triton_workshop.nn.LayerNorm`
+before a Linear it runs fused with)
 ``torch.nn.RMSNorm``                      :class:`triton_workshop.nn.RMSNorm`
 ``torch.nn.Linear`` (see below: only      :class:`triton_workshop.nn.Linear`
 where a fusion removes work, by default)
@@ -34,7 +35,8 @@ mode; in eval mode it is the identity and the Linear runs with its activation al
 :func:`~triton_workshop.layer_norm_linear`. Linear+activation(+dropout) wins where both could
 apply. Counted in the result's ``fused``: ``linear_activation``, ``linear_dropout`` (a chain that
 ends in a Dropout, with or without an activation: what runs fused while training) and
-``layer_norm_linear``. The modules themselves stay separate (each is a correct drop-in when called
+``layer_norm_linear``. (By default, eagerly, a Linear followed by an activation alone is left on
+torch, so that pair does not form: see "Which modules".) The modules themselves stay separate (each is a correct drop-in when called
 alone, and the state_dict keeps its keys); the Sequential decides at each call, and runs them one
 by one when a hook sits on any of them.
 
