@@ -276,6 +276,30 @@ def test_llama_tiny_run_reports_tokens_and_keeps_liger_out_of_this_process(tmp_p
     assert "tokens/s" in console.file.getvalue()
 
 
+def test_transformers_gpt2_workload_is_gpt2_small_with_its_dropout():
+    workload = bm.WORKLOADS["gpt2_hf_train"]
+    assert workload.sizes["full"]["batch"] == 8 and workload.sizes["full"]["seq"] == 1024
+    assert workload.liger is None  # Liger-Kernel has no patch for it: n/a
+    with torch.device("meta"):
+        model = bm.gpt2_hf(workload.sizes["full"]["config"])
+    params = sum(p.numel() for p in model.parameters())  # the tied head counts once
+    assert 124.0e6 < params < 124.6e6, params
+    assert model.config.attn_pdrop == model.config.resid_pdrop == 0.1
+
+
+@pytest.mark.slow
+def test_transformers_gpt2_tiny_patched_matches_torch(tmp_path):
+    """transformers' GPT-2 patched by patch_model against torch eager, in fp32. Its dropout is
+    on in both and their masks differ (torch's generator against Philox in our kernels), so the
+    losses agree within dropout's noise, not exactly."""
+    rows = bm.run_models(quick=True, out=tmp_path, console=Console(file=io.StringIO()),
+                         device=str(DEVICE), size="tiny", amp=False, isolate=False,
+                         models=["gpt2_hf_train"], candidates=[bm.TORCH_EAGER, bm.OURS])
+    assert [r.status for r in rows] == ["ok", "ok"], [r.note for r in rows]
+    assert all(math.isfinite(x) for r in rows for x in r.losses), [r.losses for r in rows]
+    assert rows[1].loss_diff < 0.1, [r.losses for r in rows]
+
+
 @pytest.mark.slow
 def test_llama_tiny_patched_matches_torch(tmp_path):
     """triton-workshop's LLaMA (patch_model) against torch eager: the same losses in fp32."""

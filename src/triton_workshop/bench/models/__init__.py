@@ -19,7 +19,8 @@ from .report import (CSV_COLUMNS, ModelResult, compare, result_of, table, verdic
 from .run import Case, NotApplicable, make_step, prepare, run_case, run_inline, run_isolated
 from .workloads import (CANDIDATES, LIGER, LIGER_COMPILED, OURS, OURS_COMPILED, SIZE_NAMES, STEPS,
                         TORCH_COMPILE, TORCH_EAGER, WORKLOADS, ModelWorkload)
-from .zoo import GPT, BasicBlock, Block, GPTConfig, ResNet, llama, resnet18, transformer_encoder
+from .zoo import (GPT, BasicBlock, Block, GPTConfig, ResNet, gpt2_hf, llama, resnet18,
+                  transformer_encoder)
 
 #: The name this package's workload class had: a model workload (``bench.spec.Workload`` is an
 #: op's).
@@ -29,8 +30,8 @@ __all__ = [
     "BasicBlock", "Block", "CANDIDATES", "CSV_COLUMNS", "Case", "CudaTimer", "GPT", "GPTConfig",
     "LIGER", "LIGER_COMPILED", "Measurement", "ModelResult", "ModelWorkload", "NotApplicable",
     "OURS", "OURS_COMPILED", "ResNet", "SIZE_NAMES", "STEPS", "Steps", "TORCH_COMPILE",
-    "TORCH_EAGER", "WORKLOADS", "WallTimer", "Workload", "compare", "interleavable", "list_models",
-    "llama",
+    "TORCH_EAGER", "WORKLOADS", "WallTimer", "Workload", "compare", "gpt2_hf", "interleavable",
+    "list_models", "llama",
     "main", "make_step", "measure", "prepare", "resnet18", "result_of", "run_case", "run_inline",
     "run_interleaved", "run_isolated", "run_models", "table", "transformer_encoder", "verdicts", "write_csv",
     "write_plot", "write_reports",

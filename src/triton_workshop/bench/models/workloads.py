@@ -9,6 +9,8 @@
 ``resnet18_train_cl``  the same in channels-last (NHWC), the layout tensor cores prefer
 ``encoder_train``      a 4-layer ``nn.TransformerEncoder`` (768 wide, 12 heads, pre-norm), a
                        training step on 16 × 512 tokens, MSE against a random target, AdamW
+``gpt2_hf_train``      transformers' ``GPT2LMHeadModel`` (GPT-2 small, its default config: vocab
+                       50257, dropout 0.1), a training step on 8 × 1024 tokens, fused AdamW
 ``llama_train``        a LLaMA of 1.5B parameters (transformers' ``LlamaForCausalLM``: 16
                        layers, hidden 2048, SwiGLU MLP 8192, 32 query / 8 key-value heads, vocab
                        128256), a training step (forward, loss, backward, fused AdamW) on
@@ -19,12 +21,12 @@
 =====================  =====================================================================
 
 The candidates: ``torch eager``; ``torch.compile``; ``triton-workshop`` (the model patched:
-:func:`triton_workshop.nn.patch`, or for the transformers LLaMA
+:func:`triton_workshop.nn.patch`, or for the transformers models
 :func:`triton_workshop.integrations.transformers.patch_model`; the GPT-2's loss fused with its
 LM head), eager; ``torch.compile + triton-workshop`` (patched with ``compiled=True``, its
 standalone norms left to Inductor, then compiled); ``Liger-Kernel`` where it imports (its LayerNorm and
 fused linear cross-entropy for GPT-2, its LLaMA patch ``apply_liger_kernel_to_llama``; n/a for the
-ResNet) and ``torch.compile + Liger-Kernel``. Liger's LLaMA patch replaces transformers' classes
+ResNet and transformers' GPT-2, which it has no patch for) and ``torch.compile + Liger-Kernel``. Liger's LLaMA patch replaces transformers' classes
 for the whole process: each candidate runs in a process of its own (:mod:`.run`).
 """
 
@@ -39,7 +41,7 @@ from torch import nn
 
 from ..measure import Steps
 from ..spec import OURS, TORCH_COMPILE, TORCH_EAGER
-from .zoo import GPT, GPTConfig, llama, resnet18, transformer_encoder
+from .zoo import GPT, GPTConfig, gpt2_hf, llama, resnet18, transformer_encoder
 
 __all__ = ["CANDIDATES", "LIGER", "LIGER_COMPILED", "OURS", "OURS_COMPILED", "SIZE_NAMES", "STEPS",
            "TORCH_COMPILE", "TORCH_EAGER", "WORKLOADS", "ModelWorkload", "patch_torch_modules",
@@ -156,11 +158,15 @@ def _liger_layer_norms(model: nn.Module) -> nn.Module:
     return model
 
 
+def _gpt2_hf_model(size: dict) -> nn.Module:
+    return gpt2_hf(size["config"])
+
+
 def _llama_model(size: dict) -> nn.Module:
     return llama(size["config"])
 
 
-def _llama_batches(size: dict, count: int) -> list:
+def _causal_lm_batches(size: dict, count: int) -> list:
     """Token ids and labels (transformers shifts the labels itself)."""
     g, vocab = _generator(4), size["config"]["vocab_size"]
     shape = (size["batch"], size["seq"])
@@ -168,7 +174,7 @@ def _llama_batches(size: dict, count: int) -> list:
             for _ in range(count)]  # fmt: skip
 
 
-def _llama_loss(model, batch) -> torch.Tensor:
+def _causal_lm_loss(model, batch) -> torch.Tensor:
     idx, labels = batch
     return model(input_ids=idx, labels=labels).loss
 
@@ -240,6 +246,13 @@ _RESNET_SIZES = {
     "quick": {"batch": 32, "image": 160, "width": 64, "classes": 1000},
     "tiny": {"batch": 2, "image": 32, "width": 8, "classes": 10},
 }
+_GPT2_HF_TINY = {"n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 64, "n_positions": 16,
+                 "bos_token_id": 0, "eos_token_id": 0}
+_GPT2_HF_SIZES = {
+    "full": {"batch": 8, "seq": 1024, "config": {"vocab_size": 50257}},  # GPT2Config's own
+    "quick": {"batch": 4, "seq": 512, "config": {"vocab_size": 50257}},
+    "tiny": {"batch": 2, "seq": 16, "config": _GPT2_HF_TINY},
+}
 _LLAMA_TINY = {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128,
                "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128,
                "max_position_embeddings": 32}
@@ -280,12 +293,15 @@ WORKLOADS: dict[str, ModelWorkload] = {
                   "quick": {"batch": 8, "seq": 256, "d_model": 768, "nhead": 12, "ff": 3072, "layers": 4},
                   "tiny": {"batch": 2, "seq": 8, "d_model": 16, "nhead": 2, "ff": 32, "layers": 2}},
                  liger=_liger_layer_norms, tokens=_tokens),
+        ModelWorkload("gpt2_hf_train", "transformers' GPT-2 124M training step (dropout 0.1)",
+                      _gpt2_hf_model, _causal_lm_batches, _causal_lm_loss, _GPT2_HF_SIZES,
+                      optimizer="adamw_fused", patch=patch_transformers_model, tokens=_tokens),
         ModelWorkload("llama_train", "LLaMA 1.5B training step (fwd+loss+bwd+fused AdamW)",
-                      _llama_model, _llama_batches, _llama_loss, _LLAMA_SIZES,
+                      _llama_model, _causal_lm_batches, _causal_lm_loss, _LLAMA_SIZES,
                       optimizer="adamw_fused", liger=_liger_llama, patch=patch_transformers_model,
                       tokens=_tokens, liger_process_wide=True),
         ModelWorkload("llama_train_small", "LLaMA 8 layers × 1024 training step (fused AdamW)",
-                      _llama_model, _llama_batches, _llama_loss, _LLAMA_SMALL_SIZES,
+                      _llama_model, _causal_lm_batches, _causal_lm_loss, _LLAMA_SMALL_SIZES,
                       optimizer="adamw_fused", liger=_liger_llama, patch=patch_transformers_model,
                       tokens=_tokens, liger_process_wide=True),
     )

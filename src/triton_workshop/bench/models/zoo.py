@@ -1,7 +1,7 @@
 """The models the benchmark trains, and the examples too (examples/train_gpt2.py,
 examples/train_resnet.py): built from ``torch.nn`` modules with random weights, nothing
-downloaded. GPT-2 (nanoGPT's layout), ResNet-18, a pre-norm ``nn.TransformerEncoder``, and a LLaMA
-(transformers' ``LlamaForCausalLM``, imported when one is built).
+downloaded. GPT-2 (nanoGPT's layout), ResNet-18, a pre-norm ``nn.TransformerEncoder``, and
+transformers' ``GPT2LMHeadModel`` and ``LlamaForCausalLM`` (imported when one is built).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["BasicBlock", "Block", "GPT", "GPTConfig", "ResNet", "llama", "resnet18",
+__all__ = ["BasicBlock", "Block", "GPT", "GPTConfig", "ResNet", "gpt2_hf", "llama", "resnet18",
            "transformer_encoder"]
 
 
@@ -178,6 +178,16 @@ def transformer_encoder(d_model: int, nhead: int, dim_feedforward: int, num_laye
     layer = nn.TransformerEncoderLayer(d_model, nhead, dim_feedforward, dropout=0.0,
                                        activation="gelu", batch_first=True, norm_first=True)
     return nn.TransformerEncoder(layer, num_layers, enable_nested_tensor=False)
+
+
+def gpt2_hf(config: dict) -> nn.Module:
+    """transformers' ``GPT2LMHeadModel`` with random weights: ``config`` holds ``GPT2Config``
+    fields over its defaults (GPT-2 small: 12 layers, 768 wide, vocabulary 50257, dropout 0.1
+    in the embeddings, the attention and after each projection), on transformers' SDPA
+    attention."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    return GPT2LMHeadModel(GPT2Config(**config, attn_implementation="sdpa"))
 
 
 def llama(config: dict) -> nn.Module:
