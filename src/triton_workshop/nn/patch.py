@@ -36,9 +36,9 @@ mode; in eval mode it is the identity and the Linear runs with its activation al
 apply. Counted in the result's ``fused``: ``linear_activation``, ``linear_dropout`` (a chain that
 ends in a Dropout, with or without an activation: what runs fused while training) and
 ``layer_norm_linear``. (By default, eagerly, a Linear followed by an activation alone is left on
-torch, so that pair does not form: see "Which modules".) The modules themselves stay separate (each is a correct drop-in when called
-alone, and the state_dict keeps its keys); the Sequential decides at each call, and runs them one
-by one when a hook sits on any of them.
+torch, so that pair does not form: see "Which modules".) The modules themselves stay separate
+(each is a correct drop-in when called alone, and the state_dict keeps its keys); the Sequential
+decides at each call, and runs them one by one when a hook sits on any of them.
 
 **Which modules.** A module is swapped where a fusion removes work or where the Triton kernel
 made training steps faster: attention and RMSNorms always (an RMSNorm is several torch ops;
@@ -56,15 +56,15 @@ it, inside a Sequential as above). Eagerly, a Linear followed by an activation a
 torch too: cuBLAS's product and torch's one activation kernel ran faster than the fused kernel,
 whose backward recomputes the product to save memory (GPT-2 at 8 x 1024: 1.10x torch without
 that fusion, 0.87x with it); under ``compiled=True`` it is fused (1.07x torch.compile with it,
-1.03x without), and ``linear="always"`` fuses it too.
+1.03x without), and ``linear="fused"`` or ``"always"`` fuses it too.
 A plain ``Linear`` with nothing to fuse is the same matmul either way, and cuBLAS runs it with less
 host time a call, so it stays on torch, listed in ``skipped`` (with ``policy=True``; no warning).
 ``linear=True`` is the default ``"auto"`` rule (as above); ``"fused"`` swaps every Linear
 that runs fused with a neighbour, eagerly too (a Linear and its activation alone included);
-``linear="always"`` swaps every ``Linear``; ``linear=False`` (or ``"never"``) swaps none. A swapped attention's projections follow the
-same rule: on cuBLAS (``F.linear``, its ``out_proj`` left torch's) unless ``linear="always"``.
-The rule is the same in interpreter mode, so that a
-model patched on the CPU has the modules it would have on the GPU.
+``linear="always"`` swaps every ``Linear``; ``linear=False`` (or ``"never"``) swaps none. A
+swapped attention's projections follow the same rule: on cuBLAS (``F.linear``, its
+``out_proj`` left torch's) unless ``linear="always"``. The rule is the same in interpreter
+mode, so that a model patched on the CPU has the modules it would have on the GPU.
 
 **Compiled models.** Under ``torch.compile`` Inductor writes its own kernel for a norm and fuses
 the residual add before it and the casts around it into that kernel, which a separate Triton

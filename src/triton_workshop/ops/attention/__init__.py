@@ -304,7 +304,6 @@ def _kept_pointers(features: Features, *, sinks: bool) -> tuple:
     return pointers[1:] if features.dropout_p > 0 else pointers
 
 
-
 def _kept_forward(q, k, v, out, causal, scale, window, softcap, dropout_p):
     """What :func:`attention` keeps for (B, H, N, D) operands of these layouts, as
     attention_forward launched them into ``out``: ``(the forward's plan, lse's shape, the
@@ -358,16 +357,9 @@ def _attention_forward_planned(ctx, q, k, v, ready, seed=None):
     attention_forward with the launch kept, ``out`` alone as the Function's output (lse is
     saved, never returned: nothing to mark non-differentiable), and on ``ctx`` only what
     :func:`_attention_backward_kept` reads. ``seed``: this call's, with dropout."""
-    plan, shape, kept = ready
-    out = torch.empty_like(q)
-    lse = q.new_empty(shape, dtype=torch.float32)
-    with runtime.device_guard(q):
-        if seed is None:
-            plan.launch_eager(q, k, v, out, lse)
-        else:
-            plan.launch_eager(q, k, v, out, lse, seed)
+    out, lse = _launch_kept_forward(ready, q, k, v, seed)
     ctx.save_for_backward(q, k, v, out, lse, seed)
-    ctx.kept = kept
+    ctx.kept = ready[2]
     return out
 
 
@@ -390,12 +382,9 @@ def _attention_backward_kept(ctx, grad_out):
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     delta = torch.empty_like(lse)
     preprocess.launch_eager(out, grad_out, delta)
-    if seed is None:
-        dkdv.launch_eager(q, k, v, grad_out, lse, delta, dk, dv)
-        dq_launch.launch_eager(q, k, v, grad_out, lse, delta, dq)
-    else:
-        dkdv.launch_eager(q, k, v, grad_out, lse, delta, dk, dv, seed)
-        dq_launch.launch_eager(q, k, v, grad_out, lse, delta, dq, seed)
+    seeds = () if seed is None else (seed,)  # launched after the kernels' own tensors
+    dkdv.launch_eager(q, k, v, grad_out, lse, delta, dk, dv, *seeds)
+    dq_launch.launch_eager(q, k, v, grad_out, lse, delta, dq, *seeds)
     return dq, dk, dv, None, None
 
 
@@ -409,6 +398,12 @@ def _attention_ready(path, ready, q, k, v, seed) -> torch.Tensor:
     call's dropout seed, or None."""
     if path == runtime.RECORD:
         return attention_forward.record_planned(q, k, v, ready, seed)
+    return _launch_kept_forward(ready, q, k, v, seed)[0]
+
+
+def _launch_kept_forward(ready, q, k, v, seed):
+    """``(out, lse)`` of a kept signature's forward plan launched on (B, H, N, D) operands,
+    with the call's dropout ``seed`` (or None) after the kernel's own tensors."""
     plan, shape, _ = ready
     out = torch.empty_like(q)
     lse = q.new_empty(shape, dtype=torch.float32)
@@ -417,7 +412,7 @@ def _attention_ready(path, ready, q, k, v, seed) -> torch.Tensor:
             plan.launch_eager(q, k, v, out, lse)
         else:
             plan.launch_eager(q, k, v, out, lse, seed)
-    return out
+    return out, lse
 
 
 #: Eager calls' layouts and options (no features' tensors) -> :func:`_kept_forward`.

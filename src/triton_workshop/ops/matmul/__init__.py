@@ -239,15 +239,7 @@ def _matmul_forward_planned(ctx, a, b, bias, kept, seed=None):
     :func:`_matmul_setup_context` with the kept plan; for a linear one ``a`` is x and ``b`` the
     weight, as the public function got them (:func:`_matmul_backward_planned`). ``seed``: the
     call's dropout seed, with dropout."""
-    out = a.new_empty(kept.shape)
-    guard = runtime.device_guard(a)  # bias and seed placeholders: out (never read)
-    if guard is _SAME_DEVICE:  # entering the no-op context costs two calls
-        kept.plan.launch_eager(a, b, out, bias if bias is not None else out,
-                               out if seed is None else seed)
-    else:
-        with guard:
-            kept.plan.launch_eager(a, b, out, bias if bias is not None else out,
-                                   out if seed is None else seed)
+    out = _launch_kept_plan(kept, a, b, bias, seed)
     ctx.kept = kept
     ctx.save_for_backward(a, b, bias, out if kept.keep_output else None, seed)
     return out
@@ -401,9 +393,15 @@ def _launch_kept(path, kept, a, b, bias) -> torch.Tensor:
     seed = dropout_seed(a.device) if kept.dropout_p else None  # each call's own mask
     if path == runtime.RECORD:
         return _matmul.record_planned(a, b, bias, kept, seed)
+    return _launch_kept_plan(kept, a, b, bias, seed)
+
+
+def _launch_kept_plan(kept, a, b, bias, seed) -> torch.Tensor:
+    """A kept signature's product plan launched into a new output, with the call's dropout
+    ``seed`` (or None)."""
     out = a.new_empty(kept.shape)
     guard = runtime.device_guard(a)  # bias and seed placeholders: out (never read)
-    if guard is _SAME_DEVICE:
+    if guard is _SAME_DEVICE:  # entering the no-op context costs two calls
         kept.plan.launch_eager(a, b, out, bias if bias is not None else out,
                                out if seed is None else seed)
     else:
