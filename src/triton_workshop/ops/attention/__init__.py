@@ -482,10 +482,10 @@ def attention(
       over its scores and the sink, and the sink's column is then dropped (its value is 0). Used
       as given (neither scaled nor capped). Differentiable.
     * ``dropout_p``: dropout on the attention probabilities, the kept ones scaled by
-      ``1 / (1 - dropout_p)`` (as ``F.dropout``); the mask comes from Philox with a seed drawn
-      from torch's default generator of q's device, so ``torch.manual_seed`` repeats a run, and
-      the backward regenerates the same mask. Applied whenever ``dropout_p > 0`` (pass 0.0 in
-      evaluation, as with SDPA).
+      ``1 / (1 - dropout_p)`` (as ``F.dropout``); the mask is a hash of each element's index
+      under a seed drawn from torch's default generator of q's device, so
+      ``torch.manual_seed`` repeats a run, and the backward regenerates the same mask. Applied
+      whenever ``dropout_p > 0`` (pass 0.0 in evaluation, as with SDPA).
     * ``cu_seqlens`` (int32 (n_seqs + 1,), cumulative offsets starting at 0) with
       ``max_seqlen``: packed variable-length sequences (flash-attn's varlen convention):
       q is (total_q, H, D), k and v (total_k, H_kv, D), and each sequence attends only within

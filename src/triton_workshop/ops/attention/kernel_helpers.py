@@ -155,11 +155,32 @@ def scores2(s, qk_scale, cap_scale, cap_out, SOFTCAP: tl.constexpr):
 
 
 @triton.jit
+def _mix32(x):
+    """A bijective 32-bit integer mixer (xorshift-multiply, the "lowbias32" family found by the
+    hash prospector): every input bit flips each output bit with probability close to 1/2."""
+    x ^= x >> 16
+    x *= 0x21F0AAAD
+    x ^= x >> 15
+    x *= 0x735A2D97
+    x ^= x >> 15
+    return x
+
+
+@triton.jit
 def dropout_keep(seed, offsets, dropout_p):
-    """Which elements dropout keeps: Philox uniform numbers, one per element of the (B, H, Nq,
-    Nk) probabilities (``offsets`` its flat index), so the forward, the backward and the test
-    helper draw the same mask whatever their tiles."""
-    return tl.rand(seed, offsets) >= dropout_p
+    """Which elements dropout keeps: one uniform number per element of the (B, H, Nq, Nk)
+    probabilities (``offsets``, int64, its flat index), a function of the element alone, so the
+    forward, the backward and the test helper draw the same mask whatever their tiles.
+
+    The number is the index hashed under the 64-bit seed: its low word through the mixer, then
+    its high word and the seed's other half through it again. Two mixer rounds are 16 integer
+    operations against Philox's ten rounds (``tl.rand``, about 80), which made dropout cost its
+    attention kernels several times their work (docs/kernels/attention.md)."""
+    lo = offsets.to(tl.uint32) ^ seed.to(tl.uint32)
+    hi = (offsets >> 32).to(tl.uint32) ^ (seed >> 32).to(tl.uint32)
+    bits = _mix32(_mix32(lo) ^ hi)
+    # The top 24 bits as a float in [0, 1), as tl.rand makes its uniforms.
+    return (bits >> 8).to(tl.float32) * 5.9604644775390625e-08 >= dropout_p
 
 
 @triton.jit
