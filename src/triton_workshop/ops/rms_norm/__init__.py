@@ -55,7 +55,13 @@ class RMSNormTuning(LayerNormTuning):
     kernel's), so it fits wherever layer norm's does. Overridden: fused backward rows up to 16384
     (not 8192: past it the column-tiled sums read x and dy again; H100, rows of 16384: 55% of
     copy so, 71-78% fused); fused rows past the held width re-read the weight each step rather
-    than hold it beside the running sums (fewer spills)."""
+    than hold it beside the running sums (fewer spills). The forward keeps rows up to 8192 whole
+    (layer norm's 4096): one register tile less per row than layer norm, and on an H200 rows of
+    8192 ran 4% faster so, forward (16384 x 8192 fp16: 90.8% of copy against 87-90% chunked) and
+    forward + backward (8192 x 8192: 91.8% against 89.6%; with the residual add 93.4% against
+    89.6%), the other sizes unchanged; rows of 16384 whole fell to 70% (docs/results.md,
+    2026-11-28)."""
+    single_block_max_cols: int = 8192
     backward_single_block_max_cols: int = 16384
     backward_weight_held_max_cols: int = 8192
 

@@ -72,6 +72,8 @@ class RopeTuning:
     #: rotate_half with an even rotated width read as two halves of each head (contiguous,
     #: vectorised loads), not lane by lane with a gathered partner.
     by_halves: bool = True
+    #: Warps a program; 0: :func:`~triton_workshop.runtime.num_warps_for` the tile.
+    num_warps: int = 0
 
 
 #: The tuning every launch reads (at call time: a replaced object takes effect at once).
@@ -127,7 +129,7 @@ def _plan(n_tokens: int, seq_len: int, n_q_heads: int, n_k_heads: int, head_dim:
     consts = dict(INTERLEAVED=conv.interleaved, COS_PER_PAIR=conv.cos_per_pair,
                   BACKWARD=backward, BLOCK_HQ=block_hq, BLOCK_HK=block_hk, BLOCK_D=block_d,
                   HALVES=False, BLOCK_HALF=1, BLOCK_TAIL=0,
-                  num_warps=num_warps_for(max(block_hq, block_hk) * block_d))
+                  num_warps=tuning.num_warps or num_warps_for(max(block_hq, block_hk) * block_d))
     if tuning.by_halves and not conv.interleaved and rot_dim % 2 == 0:
         # rotate_half's pairs are the two halves: two contiguous loads per head (see
         # kernels._rotate_heads_halves), the lanes past rot_dim copied apart.
