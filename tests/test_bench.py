@@ -17,7 +17,8 @@ import torch
 from triton_workshop import runtime
 from triton_workshop.bench import SPEC_NAMES, SPECS, cli, load_spec, main, report
 from triton_workshop.bench.measure import (
-    Row, evaluate, grad_leaves, measure_case, needs_copy_ceiling, output_gradient, outputs,
+    Row, Timer, evaluate, grad_leaves, measure_case, needs_copy_ceiling, output_gradient, outputs,
+    time_in_both_orders,
 )
 from triton_workshop.bench.report import CSV_COLUMNS
 from triton_workshop.bench.spec import (
@@ -279,16 +280,19 @@ class FakeTimer:
     """A time per function: ours 1 ms, the reference 2 ms, the ceiling 0.5 ms; counts calls."""
 
     TIMES = {"ours": 1.0, "reference": 2.0, "ceiling": 0.5}
-    warmup, rep = 0, 0  # the budgets run_suite prints
+    warmup, rep, graphs = 0, 0, False  # what run_suite prints
 
     def __init__(self):
         self.timed: list[str] = []
 
     def __call__(self, fn):
+        return self.time(fn)[0]
+
+    def time(self, fn):
         CALLED.clear()
         fn()
         self.timed.append(CALLED[-1])
-        return self.TIMES[CALLED[-1]]
+        return self.TIMES[CALLED[-1]], ""
 
 
 def _toy(ours, *, ceiling=None, backward=False) -> Workload:
@@ -305,6 +309,41 @@ def _toy(ours, *, ceiling=None, backward=False) -> Workload:
         optional_peers={"Liger-Kernel": liger("no_such_liger_module", "Fn")},
         backward=backward,
     )
+
+
+def test_graph_timer_uses_cuda_graphs_and_says_when_a_call_cannot_be_captured(monkeypatch):
+    import triton.testing
+
+    calls = []
+
+    def graph(fn, rep, return_mode):
+        calls.append(("graph", rep, return_mode))
+        if getattr(fn, "uncapturable", False):
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return 0.25
+
+    def plain(fn, warmup, rep, return_mode):
+        calls.append(("plain", rep, return_mode))
+        return 0.5
+
+    monkeypatch.setattr(triton.testing, "do_bench_cudagraph", graph)
+    monkeypatch.setattr(triton.testing, "do_bench", plain)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    timer = Timer(10, 40, graphs=True)
+    assert timer.time(lambda: None) == (0.25, "") and timer(lambda: None) == 0.25
+
+    def host_sync():
+        pass
+
+    host_sync.uncapturable = True
+    ms, note = timer.time(host_sync)
+    assert ms == 0.5 and "not capturable in a CUDA graph" in note and "timed plainly" in note
+    assert calls[-2:] == [("graph", 40, "median"), ("plain", 40, "median")]
+    # The note reaches the case's row.
+    results = time_in_both_orders(timer, [("ours", lambda: None), ("peer", host_sync)])
+    assert results["ours"] == (0.25, "ok", "") and results["peer"][2] == note
+    # Without graphs: do_bench alone, no note.
+    assert Timer(10, 40).time(host_sync) == (0.5, "")
 
 
 def test_measure_case_times_checks_and_reports():
@@ -394,7 +433,7 @@ def _run_toy_suite(tmp_path, monkeypatch, spec: Spec, *, match=()):
     monkeypatch.setattr(cli, "_environment", lambda: {
         "gpu": "Fake GPU", "torch": torch.__version__, "triton": "0", "cuda": None, "python": "3"})
     monkeypatch.setattr(cli, "measure_copy_ceiling", lambda timer, device: copy)
-    monkeypatch.setattr(cli, "Timer", lambda warmup, rep: FakeTimer())
+    monkeypatch.setattr(cli, "Timer", lambda warmup, rep, graphs=False: FakeTimer())
     buffer = io.StringIO()
     code = cli.run_suite([spec], quick=True, out=tmp_path, match=match,
                          console=Console(file=buffer, width=200, color_system=None))

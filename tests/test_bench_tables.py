@@ -396,6 +396,7 @@ def test_from_run_updates_a_checkout_from_a_run_folder(tmp_path, monkeypatch, ca
 @pytest.mark.parametrize("argv, message", [
     (["softmax", "--update-results"], "needs the whole suite"),
     (["--update-results", "-k", "fwd"], "needs the whole suite"),
+    (["--update-results", "--graphs"], "drop --graphs"),
 ])
 def test_bench_update_results_refuses_a_partial_run(argv, message, capsys):
     assert cli.main(argv) == 2
@@ -419,8 +420,8 @@ def test_bench_update_results_after_a_run(monkeypatch, tmp_path, run_code):
     monkeypatch.setattr(tables, "REPO_ROOT", root)
     monkeypatch.setattr(cli, "gpu_unavailable_reason", lambda: None)
 
-    def run_suite(specs, *, quick, out, console, match):
-        assert [s.name for s in specs] == list(cli.SPEC_NAMES) and not match
+    def run_suite(specs, *, quick, out, console, match, graphs):
+        assert [s.name for s in specs] == list(cli.SPEC_NAMES) and not match and not graphs
         fake_run(Path(out))
         return run_code
 

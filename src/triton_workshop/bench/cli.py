@@ -53,6 +53,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("-k", "--match", action="append", default=[], metavar="TEXT",
                         help="only the cases whose 'workload size dtype' contains TEXT (repeatable; "
                              "'x' matches '×'), e.g. -k 'fwd+bwd' -k 8192x8192x8192")
+    parser.add_argument("--graphs", action="store_true",
+                        help="time each call captured in a CUDA graph (do_bench_cudagraph): the "
+                             "GPU's own time, without the host's launches and autograd, which "
+                             "bound small fwd+bwd cases; L2 is not flushed between replays")
     parser.add_argument("--list", action="store_true",
                         help="list the benchmarks, their workloads and sizes, and exit")
     parser.add_argument("--update-results", action="store_true",
@@ -116,8 +120,13 @@ def main(argv: list[str] | None = None) -> int:
         from . import tables
 
         # The README and the slides show one run: a partial one would mix runs or drop rows.
-        problem = ("it needs the whole suite: drop the benchmark names and -k"
-                   if args.names or args.match else tables.repository_problem())
+        if args.names or args.match:
+            problem = "it needs the whole suite: drop the benchmark names and -k"
+        elif args.graphs:
+            # One method for the published table: do_bench, L2 flushed (see --graphs).
+            problem = "the results file holds plain timings: drop --graphs"
+        else:
+            problem = tables.repository_problem()
         if problem:
             print(f"workshop bench: --update-results: {problem}", file=sys.stderr)
             return 2
@@ -132,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     code = run_suite([load_spec(n) for n in names], quick=args.quick, out=args.out,
-                     console=console, match=args.match)
+                     console=console, match=args.match, graphs=args.graphs)
     if args.update_results:
         if code != 0:
             console.print("[red]--update-results: not updating docs/results/latest.csv: a "
@@ -160,6 +169,13 @@ def _environment() -> dict[str, Any]:
     }
 
 
+def _timing(timer) -> str:
+    """How the run times a call, for its header line."""
+    if timer.graphs:
+        return f"do_bench_cudagraph(rep={timer.rep}, median): the GPU's time, host excluded"
+    return f"do_bench(warmup={timer.warmup}, rep={timer.rep}, median)"
+
+
 def case_matches(w: Workload, size: Size, match: Sequence[str]) -> bool:
     """Whether ``-k`` keeps this case: no filter, or one TEXT is in 'name size dtype'."""
     if not match:
@@ -169,7 +185,7 @@ def case_matches(w: Workload, size: Size, match: Sequence[str]) -> bool:
 
 
 def run_suite(specs: Sequence[Spec], *, quick: bool, out: Path, console=None,
-              match: Sequence[str] = ()) -> int:
+              match: Sequence[str] = (), graphs: bool = False) -> int:
     """Run the specs (only the cases ``match`` keeps, see :func:`case_matches`); print tables;
     write results.csv, <spec>.png and meta.json into ``out``. Returns 0 when every
     triton-workshop result was correct and measured, 1 otherwise (also when nothing matched)."""
@@ -179,7 +195,7 @@ def run_suite(specs: Sequence[Spec], *, quick: bool, out: Path, console=None,
     # Inductor's hint to enable TF32 is noise here: the IEEE fp32 product is measured on purpose.
     warnings.filterwarnings("ignore", message=".*TensorFloat32 tensor cores.*")
     device = _device()
-    timer = Timer(*(TIMING_QUICK if quick else TIMING_FULL))
+    timer = Timer(*(TIMING_QUICK if quick else TIMING_FULL), graphs=graphs)
     env = _environment()
     started = time.perf_counter()
     stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
@@ -187,8 +203,8 @@ def run_suite(specs: Sequence[Spec], *, quick: bool, out: Path, console=None,
     out.mkdir(parents=True, exist_ok=True)
     console.print(
         f"[bold]triton-workshop bench[/] on {env['gpu']} · torch {env['torch']} · "
-        f"triton {env['triton']} · {'quick' if quick else 'full'} sweep · do_bench(warmup="
-        f"{timer.warmup}, rep={timer.rep}, median) · results → {out}/"
+        f"triton {env['triton']} · {'quick' if quick else 'full'} sweep · {_timing(timer)} · "
+        f"results → {out}/"
     )
 
     plan = [(spec, w, size) for spec in specs for w in spec.workloads for size in w.sizes_for(quick)
@@ -207,7 +223,7 @@ def run_suite(specs: Sequence[Spec], *, quick: bool, out: Path, console=None,
     meta: dict[str, Any] = {
         "timestamp": stamp, **env, "quick": quick, "specs": [s.name for s in specs],
         "timing": {"warmup_ms": timer.warmup, "rep_ms": timer.rep, "return_mode": "median",
-                   "l2_flushed": True},
+                   "cuda_graphs": timer.graphs, "l2_flushed": not timer.graphs},
         "copy_ceiling_gbps": copy_rate,
         "work": {f"{w.name} ({dtype_name(w.dtype)})": w.work_formula
                  for s in specs for w in s.workloads},

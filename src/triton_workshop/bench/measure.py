@@ -81,15 +81,36 @@ def gpu_unavailable_reason() -> str | None:
 
 
 class Timer:
-    """``triton.testing.do_bench`` with the suite's budgets; the median of the timed runs."""
+    """``triton.testing.do_bench`` with the suite's budgets; the median of the timed runs.
 
-    def __init__(self, warmup: int, rep: int):
-        self.warmup, self.rep = warmup, rep
+    ``graphs``: ``triton.testing.do_bench_cudagraph`` instead, the calls captured in a CUDA graph
+    and replayed: the GPU's own time, without the host's launches and autograd in between. A
+    small fwd+bwd case through autograd is bound by the host (the GPU idles between kernels), so
+    plain timing reports the host's speed there; graphs report the kernels'. L2 is not flushed
+    between replays (the cases whose data fits in L2 read faster than DRAM allows). A call that
+    cannot be captured is timed plainly and says so (:meth:`time`)."""
+
+    def __init__(self, warmup: int, rep: int, *, graphs: bool = False):
+        self.warmup, self.rep, self.graphs = warmup, rep, graphs
 
     def __call__(self, fn: Callable) -> float:
-        from triton.testing import do_bench
+        return self.time(fn)[0]
 
-        return float(do_bench(fn, warmup=self.warmup, rep=self.rep, return_mode="median"))
+    def time(self, fn: Callable) -> tuple[float, str]:
+        """(ms, note): the note is empty, or says that a graph capture failed."""
+        from triton.testing import do_bench, do_bench_cudagraph
+
+        if self.graphs:
+            try:
+                return float(do_bench_cudagraph(fn, rep=self.rep, return_mode="median")), ""
+            except Exception as exc:  # capture refused (a host sync, a CPU tensor, ...)
+                if isinstance(exc, torch.OutOfMemoryError):
+                    raise
+                note = f"not capturable in a CUDA graph ({one_line(exc)}): timed plainly"
+                torch.cuda.synchronize()
+                return float(do_bench(fn, warmup=self.warmup, rep=self.rep,
+                                      return_mode="median")), note
+        return float(do_bench(fn, warmup=self.warmup, rep=self.rep, return_mode="median")), ""
 
 
 def grad_leaves(inputs: Inputs) -> list[torch.Tensor]:
@@ -240,25 +261,33 @@ def measure_case(
 _CEILING = "<ceiling>"  # the ceiling's own timing, beside the candidates'
 
 
-def time_in_both_orders(timer: Timer, calls: Sequence[tuple[str, Callable]]):
+def time_in_both_orders(timer: Timer | Callable[[Callable], float],
+                        calls: Sequence[tuple[str, Callable]]):
     """name → (ms, status, note). Each call is timed twice, in order and then in reverse order,
     and the two medians are averaged: a drift over the case (clocks, power: cuBLAS moved by ±5%
     between consecutive measurements on an H100) then weighs on every candidate alike."""
+    # A timer is any callable returning ms; a Timer also says how it timed (Timer.time).
+    timed = getattr(timer, "time", None) or (lambda call: (timer(call), ""))
     samples: dict[str, list[float]] = {name: [] for name, _ in calls}
+    notes: dict[str, str] = {}
     failed: dict[str, tuple[None, str, str]] = {}
     for order in (list(calls), list(calls)[::-1]):
         for name, call in order:
             if name in failed:
                 continue
             try:
-                samples[name].append(timer(call))
+                ms, note = timed(call)
+                samples[name].append(ms)
+                if note:
+                    notes[name] = note
             except torch.OutOfMemoryError as exc:
                 failed[name] = (None, "oom", one_line(exc))
                 torch.cuda.empty_cache()
             except Exception as exc:
                 failed[name] = (None, "error", one_line(exc))
     return {
-        name: failed.get(name) or (sum(samples[name]) / len(samples[name]), "ok", "")
+        name: failed.get(name) or (sum(samples[name]) / len(samples[name]), "ok",
+                                   notes.get(name, ""))
         for name, _ in calls
     }
 
