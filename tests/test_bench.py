@@ -420,8 +420,9 @@ def test_only_gb_per_s_workloads_fall_back_to_the_copy_ceiling():
         dataclasses.replace(bytes_toy, unit="ms")
 
 
-def _run_toy_suite(tmp_path, monkeypatch, spec: Spec, *, match=()):
-    """run_suite on the CPU: a fake device, environment, copy ceiling (2000 GB/s) and clock."""
+def _run_toy_suite(tmp_path, monkeypatch, spec: Spec, *, match=(), graphs=False, seen=None):
+    """run_suite on the CPU: a fake device, environment, copy ceiling (2000 GB/s) and clock
+    (``seen``, a list, gets the timer the ceiling was measured with)."""
     import io
 
     from rich.console import Console
@@ -432,12 +433,36 @@ def _run_toy_suite(tmp_path, monkeypatch, spec: Spec, *, match=()):
     monkeypatch.setattr(cli, "_device", lambda: torch.device("cpu"))
     monkeypatch.setattr(cli, "_environment", lambda: {
         "gpu": "Fake GPU", "torch": torch.__version__, "triton": "0", "cuda": None, "python": "3"})
-    monkeypatch.setattr(cli, "measure_copy_ceiling", lambda timer, device: copy)
-    monkeypatch.setattr(cli, "Timer", lambda warmup, rep, graphs=False: FakeTimer())
+    def ceiling(timer, device):
+        if seen is not None:
+            seen.append(timer)
+        return copy
+
+    monkeypatch.setattr(cli, "measure_copy_ceiling", ceiling)
+
+    def fake_timer(warmup, rep, graphs=False):
+        timer = FakeTimer()
+        timer.graphs = graphs
+        return timer
+
+    monkeypatch.setattr(cli, "Timer", fake_timer)
     buffer = io.StringIO()
-    code = cli.run_suite([spec], quick=True, out=tmp_path, match=match,
+    code = cli.run_suite([spec], quick=True, out=tmp_path, match=match, graphs=graphs,
                          console=Console(file=buffer, width=200, color_system=None))
     return code, buffer.getvalue()
+
+
+def test_run_suite_with_graphs_says_so_and_times_the_copy_ceiling_plainly(tmp_path, monkeypatch):
+    import dataclasses
+
+    w = dataclasses.replace(_toy(lambda x, y: x * y), compile_peer=False)
+    seen = []
+    code, out = _run_toy_suite(tmp_path, monkeypatch, Spec(name="toy", title="Toy", workloads=[w]),
+                               graphs=True, seen=seen)
+    assert code == 0 and "do_bench_cudagraph" in out
+    assert [t.graphs for t in seen] == [False]  # a graph's memcpy node is no ceiling
+    timing = json.loads((tmp_path / "meta.json").read_text())["timing"]
+    assert timing["cuda_graphs"] and not timing["l2_flushed"]
 
 
 def test_run_suite_writes_the_tables_csv_plot_and_meta(tmp_path, monkeypatch):
