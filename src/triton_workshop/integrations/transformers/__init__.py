@@ -64,6 +64,7 @@ Here: the attention implementation and ``patch_model`` itself; beside it, :mod:`
 from __future__ import annotations
 
 import copy
+import functools
 import importlib
 import inspect
 import warnings
@@ -114,8 +115,10 @@ EXTRA_COUNT_KEYS = ("conv1d", "rope", "swiglu", "geglu", "cross_entropy", "add_r
 _warned: set[str] = set()
 
 
+@functools.lru_cache(maxsize=1)
 def kernel_keywords() -> frozenset[str]:
-    """The keywords :func:`triton_workshop.attention` takes in this installation."""
+    """The keywords :func:`triton_workshop.attention` takes in this installation (read once:
+    ``inspect.signature`` at every attention call cost tens of µs of the step's host time)."""
     return frozenset(inspect.signature(attention_ops.attention).parameters)
 
 
