@@ -203,10 +203,10 @@ def check_norm_param(t, name: str, shape: tuple[int, ...]) -> None:
 
 
 def dropout_seed(device: torch.device) -> torch.Tensor:
-    """A Philox seed for one call's dropout mask, drawn from torch's default generator of
-    ``device`` (the CUDA generator on a GPU), so that ``torch.manual_seed`` repeats a run. One
-    int64 on the device: the kernels read it there (no host sync, traceable). Shared by every
-    kernel with dropout (attention, linear's epilogue)."""
+    """The seed of one call's dropout mask (Philox's in linear's epilogue, the index hash's in
+    attention), drawn from torch's default generator of ``device`` (the CUDA generator on a
+    GPU), so that ``torch.manual_seed`` repeats a run. One int64 on the device: the kernels read
+    it there (no host sync, traceable)."""
     return torch.randint(0, 2**62, (1,), dtype=torch.int64, device=device)
 
 
