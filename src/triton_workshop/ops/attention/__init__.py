@@ -407,11 +407,9 @@ def _launch_kept_forward(ready, q, k, v, seed):
     plan, shape, _ = ready
     out = torch.empty_like(q)
     lse = q.new_empty(shape, dtype=torch.float32)
+    seeds = () if seed is None else (seed,)  # launched after the kernel's own tensors
     with runtime.device_guard(q):
-        if seed is None:
-            plan.launch_eager(q, k, v, out, lse)
-        else:
-            plan.launch_eager(q, k, v, out, lse, seed)
+        plan.launch_eager(q, k, v, out, lse, *seeds)
     return out, lse
 
 
@@ -525,8 +523,6 @@ def attention(
             seed = dropout_seed(q.device) if dropout_p else None
             if q.dim() == 3:  # as one batch entry, as the general path launched it
                 return _attention_ready(path, ready, q[None], k[None], v[None], seed)[0]
-            if path == runtime.RECORD:
-                return attention_forward.record_planned(q, k, v, ready, seed)
             return _attention_ready(path, ready, q, k, v, seed)
     PUBLIC_CALLS.checked(public_key, check_public, q, k, v, causal, scale, key_padding_mask,
                          window, softcap, sinks, dropout_p)  # fmt: skip
