@@ -350,3 +350,38 @@ def test_compiled_model_refused_and_subclasses_listed():
         counts = hf.patch_model(model)
     assert counts["conv1d"] == 2  # the GELU-fused c_fc's; the plain ones by the linear= rule
     assert [s.name for s in counts.skipped if not s.policy] == ["transformer.h.0.attn.c_proj"]
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_compiled_causal_attention_builds_no_mask(monkeypatch, padded):
+    """Under torch.compile, as eagerly, a causal call with no padding mask gets no mask from the
+    registered mask builder, so the kernel takes it (transformers' own builder builds the full
+    mask while tracing, which would send every call to a masked SDPA); with a padding mask the
+    mask is built, and the call goes to SDPA, which reads it."""
+    model = llama()
+    reference = copy.deepcopy(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InterpreterWarning)
+        hf.patch_model(model, rms_norm=False, rope=False, mlp=False, cross_entropy=False)
+    fell_back = []
+    original = hf._fallback
+
+    def counted(*args, **kwargs):
+        fell_back.append(args[4] is not None)  # with a mask
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(hf, "_fallback", counted)
+    # Before torch 2.13 a compile trace reads torch.compiler.is_exporting() as True, and
+    # transformers' own builder never skips a mask there: the same here, on any version.
+    monkeypatch.setattr(transformers.masking_utils, "is_torchdynamo_exporting", lambda: True,
+                        raising=False)  # fmt: skip
+    ids = tokens()
+    inputs = {}
+    if padded:
+        inputs["attention_mask"] = torch.ones_like(ids)
+        inputs["attention_mask"][0, :2] = 0
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    loss = compiled(input_ids=ids, labels=ids, **inputs).loss
+    torch.testing.assert_close(loss, reference(input_ids=ids, labels=ids, **inputs).loss, **TOL)
+    assert fell_back == ([True, True] if padded else [])

@@ -12,8 +12,8 @@ else in the package imports this module).
                                         # counts.skipped: what stayed
 
 **Attention.** Importing this module registers ``"triton_workshop"`` with transformers'
-``AttentionInterface`` (and, for the masks, the same mask builder as ``"sdpa"``, which passes no
-mask when there is nothing but causality to mask), so ``attn_implementation="triton_workshop"``
+``AttentionInterface`` (and, for the masks, :func:`attention_mask`: ``"sdpa"``'s mask builder,
+which passes no mask when there is nothing but causality to mask, under torch.compile too), so ``attn_implementation="triton_workshop"``
 works wherever ``"sdpa"`` does. The module's sliding window, logit soft-capping (``softcap``),
 attention sinks (GPT-OSS's ``s_aux``), dropout and padding reach the kernel's keywords: a mask is
 read back into ``causal`` / ``window`` / ``key_padding_mask`` and used only where those rebuild it
@@ -76,7 +76,7 @@ try:
     import transformers  # noqa: F401
     from transformers import AttentionInterface, PretrainedConfig, PreTrainedModel
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface, causal_mask_function, sdpa_mask
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
         "triton_workshop.integrations.transformers needs the transformers package "
@@ -115,11 +115,15 @@ EXTRA_COUNT_KEYS = ("conv1d", "rope", "swiglu", "geglu", "cross_entropy", "add_r
 _warned: set[str] = set()
 
 
-@functools.lru_cache(maxsize=1)
+#: The keywords :func:`triton_workshop.attention` takes in this installation, read once (an
+#: ``inspect.signature`` at every attention call cost tens of µs of the step's host time, and
+#: torch.compile would trace through it).
+_KERNEL_KEYWORDS = frozenset(inspect.signature(attention_ops.attention).parameters)
+
+
 def kernel_keywords() -> frozenset[str]:
-    """The keywords :func:`triton_workshop.attention` takes in this installation (read once:
-    ``inspect.signature`` at every attention call cost tens of µs of the step's host time)."""
-    return frozenset(inspect.signature(attention_ops.attention).parameters)
+    """The keywords :func:`triton_workshop.attention` takes in this installation."""
+    return _KERNEL_KEYWORDS
 
 
 def _sinks(kwargs) -> torch.Tensor | None:
@@ -300,11 +304,50 @@ def attention_forward(
     return out.transpose(1, 2).contiguous(), None
 
 
+def _plain_causal(args, kwargs) -> bool:
+    """Whether sdpa_mask is asked for nothing but causality over as many keys as queries: no
+    padding mask, no window, the plain causal pattern, skipping allowed (what transformers' own
+    skip tests, from the arguments alone, never from a tensor's values). Transformers passes
+    every argument by keyword; a positional call is not read (the mask is built)."""
+    if args:
+        return False
+    if "q_length" in kwargs:
+        q_length = kwargs["q_length"]
+    elif isinstance(kwargs.get("cache_position"), torch.Tensor):  # transformers before 5.20
+        q_length = kwargs["cache_position"].shape[0]
+    else:
+        return False
+    return (kwargs.get("mask_function", causal_mask_function) is causal_mask_function
+            and kwargs.get("attention_mask") is None and kwargs.get("local_size") is None
+            and bool(kwargs.get("allow_is_causal_skip", True))
+            and q_length == kwargs.get("kv_length"))  # fmt: skip
+
+
+def attention_mask(*args, **kwargs) -> torch.Tensor | None:
+    """The mask builder of ``"triton_workshop"``: ``sdpa_mask``, which builds no mask where
+    causality is all there is to mask (the kernel's ``causal=True``), also while torch.compile
+    traces the model. Transformers' own builds the full (B, 1, N, N) mask under compile, where
+    it cannot read a padding mask's values; with no padding mask at all there is none to read,
+    and the mask would only send the call to a masked SDPA (three times as slow as its causal
+    kernel on an H200). torch.export keeps the mask: an exported graph is not re-specialised
+    when its shapes change."""
+    if torch.compiler.is_compiling() and not _exporting() and _plain_causal(args, kwargs):
+        return None
+    return sdpa_mask(*args, **kwargs)
+
+
+def _exporting() -> bool:
+    """Whether torch.export traces the call. Read from the flag export sets: inside a
+    torch.compile trace, ``torch.compiler.is_exporting()`` is a constant True before torch 2.13
+    (unknown: taken as exporting, which keeps the mask)."""
+    return bool(getattr(torch.compiler, "_is_exporting_flag", True))
+
+
 def register() -> None:
     """Register ``"triton_workshop"`` with transformers' attention and mask interfaces (done on
     import; calling it again is harmless)."""
     AttentionInterface.register(ATTN_IMPLEMENTATION, attention_forward)
-    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, sdpa_mask)
+    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, attention_mask)
 
 
 register()
