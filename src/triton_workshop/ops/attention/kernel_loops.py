@@ -134,8 +134,10 @@ def attn_bwd_dkdv_inner(
             q = q.to(tl.float32)
             do = do.to(tl.float32)
         # Recompute Pᵀ from the saved LSE: exp(s - lse) is the normalised softmax, exactly.
-        s_t, tanh_t = scores2(tl.dot(k, tl.trans(q), input_precision=INPUT_PRECISION),
-                              qk_scale, cap_scale, cap_out, SOFTCAP)  # fmt: skip
+        qk_t = tl.dot(k, tl.trans(q), input_precision=INPUT_PRECISION)
+        # dPᵀ does not wait for Pᵀ: issued here, its product runs while the exp below does.
+        dp_t = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)
+        s_t, tanh_t = scores2(qk_t, qk_scale, cap_scale, cap_out, SOFTCAP)
         if MASKED:
             # Tiles on the causal diagonal or the window's edge: key j (row here) is seen by
             # query i (column) if j <= i and i - j < window. Masked before the exp, so that a
@@ -154,7 +156,6 @@ def attn_bwd_dkdv_inner(
             pd_t = p_t
         dv = tl.dot(dot_operand(pd_t, q_ptrs.dtype.element_ty, DOT_IN_FP32), do, dv,
                     input_precision=INPUT_PRECISION)  # fmt: skip
-        dp_t = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)
         if DROPOUT:
             dp_t = tl.where(keep_t, dp_t * keep_scale, 0.0)
         # dS = P ∘ (dP - delta): the softmax Jacobian applied to dP.
@@ -190,14 +191,14 @@ def attn_bwd_dq_inner(
         if DOT_IN_FP32:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
-        s, tanh = scores2(tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION),
-                          qk_scale, cap_scale, cap_out, SOFTCAP)  # fmt: skip
+        qk = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)
+        dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)  # runs while the exp does
+        s, tanh = scores2(qk, qk_scale, cap_scale, cap_out, SOFTCAP)
         if MASKED or KEY_MASK:
             # Padded keys read k = 0, so s = 0 and exp(0 - lse) is not 0: masked explicitly.
             s = mask_scores(s, offs_m, cols, k_len, window, key_mask_ptrs,
                             MASKED, KEY_MASK, CAUSAL, WINDOW)  # fmt: skip
         p = tl.exp2(s - lse2[:, None])
-        dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)
         if DROPOUT:
             keep = dropout_keep(seed, rng_rows[:, None] + cols[None, :], dropout_p)
             dp = tl.where(keep, dp * (1.0 / (1.0 - dropout_p)), 0.0)
