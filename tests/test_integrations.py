@@ -371,7 +371,7 @@ def test_compiled_causal_attention_builds_no_mask(monkeypatch, padded):
         return original(*args, **kwargs)
 
     monkeypatch.setattr(hf, "_fallback", counted)
-    # Before torch 2.13 a compile trace reads torch.compiler.is_exporting() as True, and
+    # With torch 2.11 a compile trace reads torch.compiler.is_exporting() as True, and
     # transformers' own builder never skips a mask there: the same here, on any version.
     monkeypatch.setattr(transformers.masking_utils, "is_torchdynamo_exporting", lambda: True,
                         raising=False)  # fmt: skip

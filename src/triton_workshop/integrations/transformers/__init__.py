@@ -103,7 +103,8 @@ from .module_plans import plan_decoder_layers, plan_module
 #: The name to pass as ``attn_implementation``.
 ATTN_IMPLEMENTATION = "triton_workshop"
 
-__all__ = ["ATTN_IMPLEMENTATION", "Conv1D", "attention_forward", "patch_model", "register"]
+__all__ = ["ATTN_IMPLEMENTATION", "Conv1D", "attention_forward", "attention_mask", "patch_model",
+           "register"]
 
 #: The kinds ``patch_model`` counts, beyond :func:`triton_workshop.nn.patch`'s.
 EXTRA_COUNT_KEYS = ("conv1d", "rope", "swiglu", "geglu", "cross_entropy", "add_rms_norm")
@@ -313,7 +314,7 @@ def _plain_causal(args, kwargs) -> bool:
         return False
     if "q_length" in kwargs:
         q_length = kwargs["q_length"]
-    elif isinstance(kwargs.get("cache_position"), torch.Tensor):  # transformers before 5.20
+    elif isinstance(kwargs.get("cache_position"), torch.Tensor):  # older transformers (5.17)
         q_length = kwargs["cache_position"].shape[0]
     else:
         return False
@@ -326,11 +327,11 @@ def _plain_causal(args, kwargs) -> bool:
 def attention_mask(*args, **kwargs) -> torch.Tensor | None:
     """The mask builder of ``"triton_workshop"``: ``sdpa_mask``, which builds no mask where
     causality is all there is to mask (the kernel's ``causal=True``), also while torch.compile
-    traces the model. Transformers' own builds the full (B, 1, N, N) mask under compile, where
-    it cannot read a padding mask's values; with no padding mask at all there is none to read,
-    and the mask would only send the call to a masked SDPA (three times as slow as its causal
-    kernel on an H200). torch.export keeps the mask: an exported graph is not re-specialised
-    when its shapes change."""
+    traces the model. Transformers' own (5.17 on torch 2.11, for one) builds the full (B, 1, N, N)
+    mask under compile, where it cannot read a padding mask's values; with no padding mask at all
+    there is none to read, and the mask would only send the call to a masked SDPA (three times
+    as slow as its causal kernel on an H200). torch.export keeps the mask: an exported graph is
+    not re-specialised when its shapes change."""
     if torch.compiler.is_compiling() and not _exporting() and _plain_causal(args, kwargs):
         return None
     return sdpa_mask(*args, **kwargs)
@@ -338,8 +339,8 @@ def attention_mask(*args, **kwargs) -> torch.Tensor | None:
 
 def _exporting() -> bool:
     """Whether torch.export traces the call. Read from the flag export sets: inside a
-    torch.compile trace, ``torch.compiler.is_exporting()`` is a constant True before torch 2.13
-    (unknown: taken as exporting, which keeps the mask)."""
+    torch.compile trace, ``torch.compiler.is_exporting()`` is a constant True in some torch
+    versions (2.11, for one). A torch without the flag counts as exporting: the mask is kept."""
     return bool(getattr(torch.compiler, "_is_exporting_flag", True))
 
 
