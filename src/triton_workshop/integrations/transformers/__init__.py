@@ -13,11 +13,12 @@ else in the package imports this module).
 
 **Attention.** Importing this module registers ``"triton_workshop"`` with transformers'
 ``AttentionInterface`` (and, for the masks, :func:`attention_mask`: ``"sdpa"``'s mask builder,
-which passes no mask when there is nothing but causality to mask, under torch.compile too), so ``attn_implementation="triton_workshop"``
-works wherever ``"sdpa"`` does. The module's sliding window, logit soft-capping (``softcap``),
-attention sinks (GPT-OSS's ``s_aux``), dropout and padding reach the kernel's keywords: a mask is
-read back into ``causal`` / ``window`` / ``key_padding_mask`` and used only where those rebuild it
-exactly (a single query takes any mask as a key mask). A call the kernel cannot take (a mask
+which passes no mask when there is nothing but causality to mask, under torch.compile too), so
+``attn_implementation="triton_workshop"`` works wherever ``"sdpa"`` does. The module's sliding
+window, logit soft-capping (``softcap``), attention sinks (GPT-OSS's ``s_aux``), dropout and
+padding reach the kernel's keywords: a mask is read back into ``causal`` / ``window`` /
+``key_padding_mask`` and used only where those rebuild it exactly (a single query takes any mask
+as a key mask). A call the kernel cannot take (a mask
 pattern it cannot express, a feature this installation's kernel lacks, position biases, head dims
 that differ, a mask under ``torch.compile``) is computed by the model's own implementation that
 supports it, never one that drops a feature: transformers' SDPA path, or the model's eager
@@ -64,7 +65,6 @@ Here: the attention implementation and ``patch_model`` itself; beside it, :mod:`
 from __future__ import annotations
 
 import copy
-import functools
 import importlib
 import inspect
 import warnings
