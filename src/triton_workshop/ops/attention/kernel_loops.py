@@ -109,27 +109,39 @@ def attn_fwd_inner(
 @triton.jit
 def attn_bwd_dkdv_inner(
     dk, dv, k, v,
-    q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, stride_qn, stride_don,
-    offs_n, mask_d, q_len, lo, hi, qk_scale,
+    q_head, do_head, tile_q, tile_do, lse_ptrs, delta_ptrs, stride_qn, stride_don,
+    keys, mask_d, q_len, lo, hi, qk_scale,
     window, cap_scale, cap_out, seed, dropout_p, rng_base, rng_stride,
-    MASKED: tl.constexpr, EVEN_D: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
-    SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr, MAY_BE_EMPTY: tl.constexpr,
-    DOT_IN_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
+    MASKED: tl.constexpr, CHECK_ROWS: tl.constexpr, EVEN_D: tl.constexpr, CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr,
+    MAY_BE_EMPTY: tl.constexpr, DOT_IN_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
 ):  # fmt: skip
     """Accumulate one K/V tile's dK, dV over query tiles [lo, hi), in the transposed orientation
     (keys on rows), so that Pᵀ and dSᵀ come straight out of the dots. (Masked keys of a key
-    padding mask are not masked here: their rows of dK and dV are zeroed once, at the store.)"""
-    offs_m0 = tl.arange(0, BLOCK_M).to(tl.int64)
-    q_ptrs += lo.to(tl.int64) * stride_qn
-    do_ptrs += lo.to(tl.int64) * stride_don
+    padding mask are not masked here: their rows of dK and dV are zeroed once, at the store.)
+    ``CHECK_ROWS``: the run may reach past the last query, whose rows then read as absent.
+
+    The loop is bound by its instruction count at D = 64, so it carries as little as it can.
+    Addressing is a scalar 64-bit row pointer per tile plus the tile's own 32-bit offsets
+    (``tile_q``, ``tile_do``, made once by the kernel), and ``keys`` are 32-bit: with 64-bit
+    pointer tiles carried through the loop this kernel needed more than 255 registers a thread
+    and spilled. Full runs load without row masks (docs/kernels/attention.md)."""
+    offs_m0 = tl.arange(0, BLOCK_M)
     for start_m in range(lo, hi, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
         offs_m = start_m + offs_m0
-        mask_m = offs_m < q_len
-        q = load_rows(q_ptrs, offs_m, q_len, mask_d, True, EVEN_D)
-        do = load_rows(do_ptrs, offs_m, q_len, mask_d, True, EVEN_D)
-        lse2 = load_lse2(lse_ptrs + offs_m, mask_m, MAY_BE_EMPTY)
-        delta = tl.load(delta_ptrs + offs_m, mask=mask_m, other=0.0)
+        row = start_m.to(tl.int64)
+        q = load_rows(q_head + row * stride_qn + tile_q, offs_m, q_len, mask_d, CHECK_ROWS, EVEN_D)
+        do = load_rows(do_head + row * stride_don + tile_do, offs_m, q_len, mask_d, CHECK_ROWS,
+                       EVEN_D)  # fmt: skip
+        if CHECK_ROWS:
+            mask_m = offs_m < q_len
+            lse2 = load_lse2(lse_ptrs + offs_m, mask_m, MAY_BE_EMPTY, True)
+            delta = tl.load(delta_ptrs + offs_m, mask=mask_m, other=0.0)
+        else:
+            lse2 = load_lse2(lse_ptrs + offs_m, None, MAY_BE_EMPTY, False)
+            delta = tl.load(delta_ptrs + offs_m)
         if DOT_IN_FP32:
             q = q.to(tl.float32)
             do = do.to(tl.float32)
@@ -142,19 +154,19 @@ def attn_bwd_dkdv_inner(
             # Tiles on the causal diagonal or the window's edge: key j (row here) is seen by
             # query i (column) if j <= i and i - j < window. Masked before the exp, so that a
             # large hidden score cannot overflow.
-            visible = is_visible(offs_m[None, :], offs_n[:, None], 0, window, False, CAUSAL, WINDOW)
+            visible = is_visible(offs_m[None, :], keys[:, None], 0, window, False, CAUSAL, WINDOW)
             s_t = tl.where(visible, s_t, float("-inf"))
         p_t = tl.exp2(s_t - lse2[None, :])
         if DROPOUT:
             # O = (P ∘ Z) V / (1 - p) with Z the kept mask: dV sees the dropped P, and dP the
             # same mask and scale; Δ = rowsum(dO ∘ O) already is rowsum(P ∘ dP).
-            keep_t = dropout_keep(seed, rng_base + offs_m[None, :] * rng_stride + offs_n[:, None],
-                                  dropout_p)  # fmt: skip
+            keep_t = dropout_keep(seed, rng_base + offs_m.to(tl.int64)[None, :] * rng_stride
+                                  + keys[:, None], dropout_p)  # fmt: skip
             keep_scale = 1.0 / (1.0 - dropout_p)
             pd_t = tl.where(keep_t, p_t * keep_scale, 0.0)
         else:
             pd_t = p_t
-        dv = tl.dot(dot_operand(pd_t, q_ptrs.dtype.element_ty, DOT_IN_FP32), do, dv,
+        dv = tl.dot(dot_operand(pd_t, q_head.dtype.element_ty, DOT_IN_FP32), do, dv,
                     input_precision=INPUT_PRECISION)  # fmt: skip
         if DROPOUT:
             dp_t = tl.where(keep_t, dp_t * keep_scale, 0.0)
@@ -162,10 +174,8 @@ def attn_bwd_dkdv_inner(
         ds_t = p_t * (dp_t - delta[None, :])
         if SOFTCAP:
             ds_t = ds_t * (1.0 - tanh_t * tanh_t)  # d tanh
-        dk = tl.dot(dot_operand(ds_t, q_ptrs.dtype.element_ty, DOT_IN_FP32), q, dk,
+        dk = tl.dot(dot_operand(ds_t, q_head.dtype.element_ty, DOT_IN_FP32), q, dk,
                     input_precision=INPUT_PRECISION)  # fmt: skip
-        q_ptrs += BLOCK_M * stride_qn
-        do_ptrs += BLOCK_M * stride_don
     return dk, dv
 
 

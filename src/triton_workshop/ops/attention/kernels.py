@@ -260,15 +260,17 @@ def attn_bwd_dkdv_kernel(
 
     lo, full_lo, full_hi, hi = query_ranges(start_n, q_len, window, BLOCK_M, BLOCK_N, CAUSAL,
                                             WINDOW)  # fmt: skip
+    whole_hi = tl.maximum(full_lo, tl.minimum(full_hi, q_len // BLOCK_M * BLOCK_M))
 
     # Grouped-query attention: this kv head's gradient is the sum over the q heads that read it.
     # Looping over them here keeps that sum in the fp32 accumulators: no atomics, no extra copy.
+    keys = start_n * BLOCK_N + tl.arange(0, BLOCK_N)  # 32-bit, for the masks (see the loop)
+    tile_q = offs_m0.to(tl.int32)[:, None] * stride_qn + offs_d[None, :] * stride_qd
+    tile_do = offs_m0.to(tl.int32)[:, None] * stride_don + offs_d[None, :] * stride_dod
     for g in range(0, group_size):
         head = (kv_head * group_size + g).to(tl.int64)
-        q_ptrs = (q_ptr + batch * stride_qb + head * stride_qh
-                  + (q_start + offs_m0[:, None]) * stride_qn + offs_d[None, :] * stride_qd)  # fmt: skip
-        do_ptrs = (do_ptr + batch * stride_dob + head * stride_doh
-                   + (q_start + offs_m0[:, None]) * stride_don + offs_d[None, :] * stride_dod)  # fmt: skip
+        q_head = q_ptr + batch * stride_qb + head * stride_qh + q_start * stride_qn
+        do_head = do_ptr + batch * stride_dob + head * stride_doh + q_start * stride_don
         if VARLEN:
             row0 = head * n_q + q_start
         else:
@@ -276,25 +278,34 @@ def attn_bwd_dkdv_kernel(
         rng_base = row0 * n_k + k_start  # flat dropout index of (query 0, key 0)
         if CAUSAL or WINDOW:
             dk, dv = attn_bwd_dkdv_inner(
-                dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr + row0, delta_ptr + row0,
-                stride_qn, stride_don, offs_n, mask_d, q_len, lo, full_lo, qk_scale,
+                dk, dv, k, v, q_head, do_head, tile_q, tile_do, lse_ptr + row0, delta_ptr + row0,
+                stride_qn, stride_don, keys, mask_d, q_len, lo, full_lo, qk_scale,
                 window, cap_scale, cap_out, seed, dropout_p, rng_base, n_k,
-                True, EVEN_D, CAUSAL, WINDOW, SOFTCAP, DROPOUT, MAY_BE_EMPTY,
+                True, True, EVEN_D, CAUSAL, WINDOW, SOFTCAP, DROPOUT, MAY_BE_EMPTY,
                 DOT_IN_FP32, INPUT_PRECISION, BLOCK_M,
             )  # fmt: skip
+        # The full run in two: whole query tiles load without row masks, then at most one tile
+        # that reaches past the last query.
         dk, dv = attn_bwd_dkdv_inner(
-            dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr + row0, delta_ptr + row0,
-            stride_qn, stride_don, offs_n, mask_d, q_len, full_lo, full_hi, qk_scale,
+            dk, dv, k, v, q_head, do_head, tile_q, tile_do, lse_ptr + row0, delta_ptr + row0,
+            stride_qn, stride_don, keys, mask_d, q_len, full_lo, whole_hi, qk_scale,
             window, cap_scale, cap_out, seed, dropout_p, rng_base, n_k,
-            False, EVEN_D, CAUSAL, WINDOW, SOFTCAP, DROPOUT, MAY_BE_EMPTY,
+            False, False, EVEN_D, CAUSAL, WINDOW, SOFTCAP, DROPOUT, MAY_BE_EMPTY,
+            DOT_IN_FP32, INPUT_PRECISION, BLOCK_M,
+        )  # fmt: skip
+        dk, dv = attn_bwd_dkdv_inner(
+            dk, dv, k, v, q_head, do_head, tile_q, tile_do, lse_ptr + row0, delta_ptr + row0,
+            stride_qn, stride_don, keys, mask_d, q_len, whole_hi, full_hi, qk_scale,
+            window, cap_scale, cap_out, seed, dropout_p, rng_base, n_k,
+            False, True, EVEN_D, CAUSAL, WINDOW, SOFTCAP, DROPOUT, MAY_BE_EMPTY,
             DOT_IN_FP32, INPUT_PRECISION, BLOCK_M,
         )  # fmt: skip
         if WINDOW:
             dk, dv = attn_bwd_dkdv_inner(
-                dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr + row0, delta_ptr + row0,
-                stride_qn, stride_don, offs_n, mask_d, q_len, full_hi, hi, qk_scale,
+                dk, dv, k, v, q_head, do_head, tile_q, tile_do, lse_ptr + row0, delta_ptr + row0,
+                stride_qn, stride_don, keys, mask_d, q_len, full_hi, hi, qk_scale,
                 window, cap_scale, cap_out, seed, dropout_p, rng_base, n_k,
-                True, EVEN_D, CAUSAL, WINDOW, SOFTCAP, DROPOUT, MAY_BE_EMPTY,
+                True, True, EVEN_D, CAUSAL, WINDOW, SOFTCAP, DROPOUT, MAY_BE_EMPTY,
                 DOT_IN_FP32, INPUT_PRECISION, BLOCK_M,
             )  # fmt: skip
 
@@ -363,7 +374,7 @@ def attn_bwd_dq_kernel(
     if DOT_IN_FP32:
         q = q.to(tl.float32)
         do = do.to(tl.float32)
-    lse2 = load_lse2(lse_ptr + row0 + offs_m, mask_m, MAY_BE_EMPTY)
+    lse2 = load_lse2(lse_ptr + row0 + offs_m, mask_m, MAY_BE_EMPTY, True)
     delta = tl.load(delta_ptr + row0 + offs_m, mask=mask_m, other=0.0)
     dq = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
     sm_scale, qk_scale, cap_scale, cap_out, dropout_p = score_constants(sm_scale, softcap,
