@@ -201,3 +201,11 @@ TUNE_KEY = [
 #: length of 1, and loop bounds that are Python ints where the kernels expect tensors.
 NOT_SPECIALIZED = ["n_q", "n_k", "max_seqlen_q", "max_seqlen_k", "window", "N_Q_BUCKET",
                    "N_K_BUCKET"]
+#: The dK/dV kernel lets Triton specialise n_q (a multiple of 16, or 1): its loop over query
+#: tiles starts at a bound made from n_q, and unless n_q is known a multiple of 16 the loads the
+#: pipeline issues a step ahead (the LSE and delta rows) are not known aligned and go 4 bytes at
+#: a time, each with its own address and predicate. At the Llama shape (4 x 2048, 32/8 heads of
+#: 64, Triton 3.6, H200) the kernel took 623 us with n_q unspecialised and 494 us with it
+#: (docs/kernels/attention.md). A length of 1 compiles once more, and its bounds are then Python
+#: ints, which this kernel's code takes.
+DKDV_NOT_SPECIALIZED = [name for name in NOT_SPECIALIZED if name != "n_q"]

@@ -20,6 +20,7 @@ import triton.language as tl
 from ... import runtime
 from .configs import (
     DKDV_CONFIGS,
+    DKDV_NOT_SPECIALIZED,
     DQ_CONFIGS,
     FWD_CONFIGS,
     NOT_SPECIALIZED,
@@ -204,7 +205,7 @@ def attn_bwd_preprocess_kernel(
 @runtime.autotune(
     configs=DKDV_CONFIGS, key=TUNE_KEY, prune_configs_by={"early_config_prune": prune_dkdv_configs}
 )
-@triton.jit(do_not_specialize=NOT_SPECIALIZED)
+@triton.jit(do_not_specialize=DKDV_NOT_SPECIALIZED)
 def attn_bwd_dkdv_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
     seed_ptr, key_mask_ptr, cu_q_ptr, cu_k_ptr,
