@@ -104,9 +104,9 @@ def _backward_fake(grad_out, q, k, v, out, lse, causal, scale, key_padding_mask=
 @runtime.plan_cache()
 def _preprocess_plan(shape: tuple, out_strides: tuple, grad_strides: tuple, dtype: torch.dtype,
                      tuning: AttentionTuning) -> runtime.LaunchPlan:
-    """attn_bwd_preprocess_kernel's launch (Δ per query row) for one shape and layout. ``dtype``
-    is unused here but keys the cache: a plan's prepared launches hold a kernel compiled for one
-    dtype."""
+    """attn_bwd_preprocess_kernel's launch (Δ and the base-2 LSE per query row) for one shape
+    and layout. ``dtype`` is unused here but keys the cache: a plan's prepared launches hold a
+    kernel compiled for one dtype."""
     batch, n_heads, n_q, head_dim = shape
     block_m = tuning.preprocess_block_m
     return runtime.LaunchPlan(
@@ -218,19 +218,20 @@ def attention_backward(
         # the sinks are).
         return dq.zero_(), dk.zero_(), dv.zero_(), dsinks.zero_()
 
-    delta = torch.empty_like(lse)
+    # Δ per query row and the LSE in base-2 units (see attn_bwd_preprocess_kernel).
+    delta, lse2 = torch.empty_like(lse), torch.empty_like(lse)
     preprocess = _preprocess_plan(tuple(q.shape), out.stride(), grad_out.stride(), q.dtype, TUNING)
     (dkdv_grid, dkdv_scalars), (dq_grid, dq_scalars), common = _backward_launches(
         q, k, v, grad_out, dq, dk, dv, causal, scale, features)
     pointers = features.pointers(sinks=False)
     with runtime.device_guard(q):
-        preprocess.launch(out, grad_out, delta)
+        preprocess.launch(out, grad_out, lse, delta, lse2)
         # Plain launches, not LaunchPlans: the features' tensors are the call's own (the eager
         # path of a call without them keeps them: _kept_backward).
         wrap_triton(attn_bwd_dkdv_kernel)[dkdv_grid](
-            q, k, v, grad_out, lse, delta, dk, dv, *pointers, *dkdv_scalars, **common)
+            q, k, v, grad_out, lse2, delta, dk, dv, *pointers, *dkdv_scalars, **common)
         wrap_triton(attn_bwd_dq_kernel)[dq_grid](
-            q, k, v, grad_out, lse, delta, dq, *pointers, *dq_scalars, **common)
+            q, k, v, grad_out, lse2, delta, dq, *pointers, *dq_scalars, **common)
     if sinks is not None:
         # The sink is a logit with no value: dL/dsink = Σ_rows P_sink · (0 - Δ), with
         # P_sink = exp(sink - lse) (rows are never empty with a sink: lse >= sink).
@@ -380,11 +381,11 @@ def _attention_backward_kept(ctx, grad_out):
         return dq, dk, dv, None, None
     preprocess, dkdv, dq_launch = launches
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    delta = torch.empty_like(lse)
-    preprocess.launch_eager(out, grad_out, delta)
+    delta, lse2 = torch.empty_like(lse), torch.empty_like(lse)
+    preprocess.launch_eager(out, grad_out, lse, delta, lse2)
     seeds = () if seed is None else (seed,)  # launched after the kernels' own tensors
-    dkdv.launch_eager(q, k, v, grad_out, lse, delta, dk, dv, *seeds)
-    dq_launch.launch_eager(q, k, v, grad_out, lse, delta, dq, *seeds)
+    dkdv.launch_eager(q, k, v, grad_out, lse2, delta, dk, dv, *seeds)
+    dq_launch.launch_eager(q, k, v, grad_out, lse2, delta, dq, *seeds)
     return dq, dk, dv, None, None
 
 

@@ -263,15 +263,11 @@ def query_ranges(start_n, q_len, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.cons
 
 
 @triton.jit
-def load_lse2(lse_ptrs, mask_m, MAY_BE_EMPTY: tl.constexpr, CHECK_ROWS: tl.constexpr):
-    """A query tile's LSE in base-2 units. Rows past the end (``mask_m`` False, read only with
-    ``CHECK_ROWS``) read +inf, which makes their P exactly 0 (and their dO is 0); so do rows that
-    saw no key (LSE -inf: their output is the constant 0)."""
+def load_lse2(lse2_ptrs, mask_m, CHECK_ROWS: tl.constexpr):
+    """A query tile's LSE in base-2 units, as the preprocess kernel wrote it (+inf for a row
+    that saw no key). Rows past the end (``mask_m`` False, read only with ``CHECK_ROWS``) read
+    +inf too, which makes their P exactly 0 (and their dO is 0)."""
     if CHECK_ROWS:
-        lse = tl.load(lse_ptrs, mask=mask_m, other=float("inf"))
+        return tl.load(lse2_ptrs, mask=mask_m, other=float("inf"))
     else:
-        lse = tl.load(lse_ptrs)
-    lse2 = lse * 1.4426950408889634
-    if MAY_BE_EMPTY:
-        lse2 = tl.where(lse2 == float("-inf"), float("inf"), lse2)
-    return lse2
+        return tl.load(lse2_ptrs)

@@ -109,13 +109,12 @@ def attn_fwd_inner(
 @triton.jit
 def attn_bwd_dkdv_inner(
     dk, dv, k, v,
-    q_head, do_head, tile_q, tile_do, lse_ptrs, delta_ptrs, stride_qn, stride_don,
+    q_head, do_head, tile_q, tile_do, lse2_ptrs, delta_ptrs, stride_qn, stride_don,
     keys, mask_d, q_len, lo, hi, qk_scale,
     window, cap_scale, cap_out, seed, dropout_p, rng_base, rng_stride,
     MASKED: tl.constexpr, CHECK_ROWS: tl.constexpr, EVEN_D: tl.constexpr, CAUSAL: tl.constexpr,
     WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr,
-    MAY_BE_EMPTY: tl.constexpr, DOT_IN_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
 ):  # fmt: skip
     """Accumulate one K/V tile's dK, dV over query tiles [lo, hi), in the transposed orientation
     (keys on rows), so that Pᵀ and dSᵀ come straight out of the dots. (Masked keys of a key
@@ -135,13 +134,17 @@ def attn_bwd_dkdv_inner(
         q = load_rows(q_head + row * stride_qn + tile_q, offs_m, q_len, mask_d, CHECK_ROWS, EVEN_D)
         do = load_rows(do_head + row * stride_don + tile_do, offs_m, q_len, mask_d, CHECK_ROWS,
                        EVEN_D)  # fmt: skip
+        # The rows' LSE and delta from a scalar pointer and the tile's own offsets, like Q and dO:
+        # each thread's loads then share one address and differ by constants.
+        lse2_tile = lse2_ptrs + start_m + offs_m0
+        delta_tile = delta_ptrs + start_m + offs_m0
         if CHECK_ROWS:
             mask_m = offs_m < q_len
-            lse2 = load_lse2(lse_ptrs + offs_m, mask_m, MAY_BE_EMPTY, True)
-            delta = tl.load(delta_ptrs + offs_m, mask=mask_m, other=0.0)
+            lse2 = load_lse2(lse2_tile, mask_m, True)
+            delta = tl.load(delta_tile, mask=mask_m, other=0.0)
         else:
-            lse2 = load_lse2(lse_ptrs + offs_m, None, MAY_BE_EMPTY, False)
-            delta = tl.load(delta_ptrs + offs_m)
+            lse2 = load_lse2(lse2_tile, None, False)
+            delta = tl.load(delta_tile)
         if DOT_IN_FP32:
             q = q.to(tl.float32)
             do = do.to(tl.float32)

@@ -179,19 +179,23 @@ def attn_dropout_keep_kernel(seed_ptr, keep_ptr, n_elements, dropout_p, BLOCK: t
 # --------------------------------------------------------------------------------------------
 @triton.jit(do_not_specialize=["n_q"])
 def attn_bwd_preprocess_kernel(
-    out_ptr, do_ptr, delta_ptr,
+    out_ptr, do_ptr, lse_ptr, delta_ptr, lse2_ptr,
     stride_ob, stride_oh, stride_on, stride_od,
     stride_dob, stride_doh, stride_don, stride_dod,
     n_heads, n_q,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
 ):  # fmt: skip
     """delta_i = Σ_d dO_id · O_id, per query row: the rowsum(P ∘ dP) of the softmax backward,
-    computed once here instead of inside every program of the dK/dV and dQ kernels."""
+    computed once here instead of inside every program of the dK/dV and dQ kernels. And the LSE
+    as those kernels use it, in base-2 units: lse · log2(e), +inf for a row that saw no key
+    (LSE -inf, output the constant 0), which makes its P exactly 0. Made once here, it costs the
+    dK/dV loop no multiply per step."""
     start_m, head, batch = program_tile(n_q, n_heads, BLOCK_M, False)
     batch = batch.to(tl.int64)
     offs_m = start_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
-    mask = (offs_m < n_q)[:, None] & (offs_d < HEAD_DIM)[None, :]
+    mask_m = offs_m < n_q
+    mask = mask_m[:, None] & (offs_d < HEAD_DIM)[None, :]
     o_ptrs = (out_ptr + batch * stride_ob + head.to(tl.int64) * stride_oh
               + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od)  # fmt: skip
     do_ptrs = (do_ptr + batch * stride_dob + head.to(tl.int64) * stride_doh
@@ -199,7 +203,11 @@ def attn_bwd_preprocess_kernel(
     o = tl.load(o_ptrs, mask=mask, other=0.0)
     do = tl.load(do_ptrs, mask=mask, other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
-    tl.store(delta_ptr + (batch * n_heads + head) * n_q + offs_m, delta, mask=offs_m < n_q)
+    rows = (batch * n_heads + head) * n_q + offs_m
+    tl.store(delta_ptr + rows, delta, mask=mask_m)
+    lse = tl.load(lse_ptr + rows, mask=mask_m, other=0.0)
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+    tl.store(lse2_ptr + rows, lse2, mask=mask_m)
 
 
 @runtime.autotune(
@@ -207,7 +215,7 @@ def attn_bwd_preprocess_kernel(
 )
 @triton.jit(do_not_specialize=DKDV_NOT_SPECIALIZED)
 def attn_bwd_dkdv_kernel(
-    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
+    q_ptr, k_ptr, v_ptr, do_ptr, lse2_ptr, delta_ptr, dk_ptr, dv_ptr,
     seed_ptr, key_mask_ptr, cu_q_ptr, cu_k_ptr,
     stride_qb, stride_qh, stride_qn, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
@@ -226,7 +234,6 @@ def attn_bwd_dkdv_kernel(
 ):  # fmt: skip
     tl.static_assert(BLOCK_N % BLOCK_M == 0, "the causal split needs BLOCK_N % BLOCK_M == 0")
     EVEN_D: tl.constexpr = HEAD_DIM == HEAD_DIM_PAD
-    MAY_BE_EMPTY: tl.constexpr = KEY_MASK or WINDOW or VARLEN
     # One program per K/V tile of one *kv* head; causal: the first key tiles are seen by the most
     # queries, and the natural order already launches them first.
     start_n, kv_head, batch = program_tile(max_seqlen_k, n_kv_heads, BLOCK_N, False)
@@ -279,34 +286,34 @@ def attn_bwd_dkdv_kernel(
         rng_base = row0 * n_k + k_start  # flat dropout index of (query 0, key 0)
         if CAUSAL or WINDOW:
             dk, dv = attn_bwd_dkdv_inner(
-                dk, dv, k, v, q_head, do_head, tile_q, tile_do, lse_ptr + row0, delta_ptr + row0,
+                dk, dv, k, v, q_head, do_head, tile_q, tile_do, lse2_ptr + row0, delta_ptr + row0,
                 stride_qn, stride_don, keys, mask_d, q_len, lo, full_lo, qk_scale,
                 window, cap_scale, cap_out, seed, dropout_p, rng_base, n_k,
-                True, True, EVEN_D, CAUSAL, WINDOW, SOFTCAP, DROPOUT, MAY_BE_EMPTY,
+                True, True, EVEN_D, CAUSAL, WINDOW, SOFTCAP, DROPOUT,
                 DOT_IN_FP32, INPUT_PRECISION, BLOCK_M,
             )  # fmt: skip
         # The full run in two: whole query tiles load without row masks, then at most one tile
         # that reaches past the last query.
         dk, dv = attn_bwd_dkdv_inner(
-            dk, dv, k, v, q_head, do_head, tile_q, tile_do, lse_ptr + row0, delta_ptr + row0,
+            dk, dv, k, v, q_head, do_head, tile_q, tile_do, lse2_ptr + row0, delta_ptr + row0,
             stride_qn, stride_don, keys, mask_d, q_len, full_lo, whole_hi, qk_scale,
             window, cap_scale, cap_out, seed, dropout_p, rng_base, n_k,
-            False, False, EVEN_D, CAUSAL, WINDOW, SOFTCAP, DROPOUT, MAY_BE_EMPTY,
+            False, False, EVEN_D, CAUSAL, WINDOW, SOFTCAP, DROPOUT,
             DOT_IN_FP32, INPUT_PRECISION, BLOCK_M,
         )  # fmt: skip
         dk, dv = attn_bwd_dkdv_inner(
-            dk, dv, k, v, q_head, do_head, tile_q, tile_do, lse_ptr + row0, delta_ptr + row0,
+            dk, dv, k, v, q_head, do_head, tile_q, tile_do, lse2_ptr + row0, delta_ptr + row0,
             stride_qn, stride_don, keys, mask_d, q_len, whole_hi, full_hi, qk_scale,
             window, cap_scale, cap_out, seed, dropout_p, rng_base, n_k,
-            False, True, EVEN_D, CAUSAL, WINDOW, SOFTCAP, DROPOUT, MAY_BE_EMPTY,
+            False, True, EVEN_D, CAUSAL, WINDOW, SOFTCAP, DROPOUT,
             DOT_IN_FP32, INPUT_PRECISION, BLOCK_M,
         )  # fmt: skip
         if WINDOW:
             dk, dv = attn_bwd_dkdv_inner(
-                dk, dv, k, v, q_head, do_head, tile_q, tile_do, lse_ptr + row0, delta_ptr + row0,
+                dk, dv, k, v, q_head, do_head, tile_q, tile_do, lse2_ptr + row0, delta_ptr + row0,
                 stride_qn, stride_don, keys, mask_d, q_len, full_hi, hi, qk_scale,
                 window, cap_scale, cap_out, seed, dropout_p, rng_base, n_k,
-                True, True, EVEN_D, CAUSAL, WINDOW, SOFTCAP, DROPOUT, MAY_BE_EMPTY,
+                True, True, EVEN_D, CAUSAL, WINDOW, SOFTCAP, DROPOUT,
                 DOT_IN_FP32, INPUT_PRECISION, BLOCK_M,
             )  # fmt: skip
 
@@ -333,7 +340,7 @@ def attn_bwd_dkdv_kernel(
 )
 @triton.jit(do_not_specialize=NOT_SPECIALIZED)
 def attn_bwd_dq_kernel(
-    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
+    q_ptr, k_ptr, v_ptr, do_ptr, lse2_ptr, delta_ptr, dq_ptr,
     seed_ptr, key_mask_ptr, cu_q_ptr, cu_k_ptr,
     stride_qb, stride_qh, stride_qn, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
@@ -351,7 +358,6 @@ def attn_bwd_dq_kernel(
 ):  # fmt: skip
     tl.static_assert(BLOCK_M % BLOCK_N == 0, "the causal split needs BLOCK_M % BLOCK_N == 0")
     EVEN_D: tl.constexpr = HEAD_DIM == HEAD_DIM_PAD
-    MAY_BE_EMPTY: tl.constexpr = KEY_MASK or WINDOW or VARLEN
     start_m, head, batch = program_tile(max_seqlen_q, n_heads, BLOCK_M, CAUSAL)
     kv_head = head // group_size
     batch = batch.to(tl.int64)
@@ -375,7 +381,7 @@ def attn_bwd_dq_kernel(
     if DOT_IN_FP32:
         q = q.to(tl.float32)
         do = do.to(tl.float32)
-    lse2 = load_lse2(lse_ptr + row0 + offs_m, mask_m, MAY_BE_EMPTY, True)
+    lse2 = load_lse2(lse2_ptr + row0 + offs_m, mask_m, True)
     delta = tl.load(delta_ptr + row0 + offs_m, mask=mask_m, other=0.0)
     dq = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
     sm_scale, qk_scale, cap_scale, cap_out, dropout_p = score_constants(sm_scale, softcap,
