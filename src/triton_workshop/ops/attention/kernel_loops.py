@@ -127,17 +127,22 @@ def attn_bwd_dkdv_inner(
     pointer tiles carried through the loop this kernel needed more than 255 registers a thread
     and spilled. Full runs load without row masks (docs/kernels/attention.md)."""
     offs_m0 = tl.arange(0, BLOCK_M)
+    # Scalar row pointers, advanced by a tile each step (not made from the step's index: a
+    # 64-bit product of it made LLVM widen the loop counter, and ptxas then copied the
+    # pipeline's predicate before every load).
+    q_row = q_head + lo.to(tl.int64) * stride_qn
+    do_row = do_head + lo.to(tl.int64) * stride_don
+    lse2_row = lse2_ptrs + lo
+    delta_row = delta_ptrs + lo
     for start_m in range(lo, hi, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
         offs_m = start_m + offs_m0
-        row = start_m.to(tl.int64)
-        q = load_rows(q_head + row * stride_qn + tile_q, offs_m, q_len, mask_d, CHECK_ROWS, EVEN_D)
-        do = load_rows(do_head + row * stride_don + tile_do, offs_m, q_len, mask_d, CHECK_ROWS,
-                       EVEN_D)  # fmt: skip
+        q = load_rows(q_row + tile_q, offs_m, q_len, mask_d, CHECK_ROWS, EVEN_D)
+        do = load_rows(do_row + tile_do, offs_m, q_len, mask_d, CHECK_ROWS, EVEN_D)
         # The rows' LSE and delta from a scalar pointer and the tile's own offsets, like Q and dO:
         # each thread's loads then share one address and differ by constants.
-        lse2_tile = lse2_ptrs + start_m + offs_m0
-        delta_tile = delta_ptrs + start_m + offs_m0
+        lse2_tile = lse2_row + offs_m0
+        delta_tile = delta_row + offs_m0
         if CHECK_ROWS:
             mask_m = offs_m < q_len
             lse2 = load_lse2(lse2_tile, mask_m, True)
@@ -179,6 +184,10 @@ def attn_bwd_dkdv_inner(
             ds_t = ds_t * (1.0 - tanh_t * tanh_t)  # d tanh
         dk = tl.dot(dot_operand(ds_t, q_head.dtype.element_ty, DOT_IN_FP32), q, dk,
                     input_precision=INPUT_PRECISION)  # fmt: skip
+        q_row += BLOCK_M * stride_qn
+        do_row += BLOCK_M * stride_don
+        lse2_row += BLOCK_M
+        delta_row += BLOCK_M
     return dk, dv
 
 
