@@ -127,9 +127,8 @@ def attn_bwd_dkdv_inner(
     pointer tiles carried through the loop this kernel needed more than 255 registers a thread
     and spilled. Full runs load without row masks (docs/kernels/attention.md)."""
     offs_m0 = tl.arange(0, BLOCK_M)
-    # Scalar row pointers, advanced by a tile each step (not made from the step's index: a
-    # 64-bit product of it made LLVM widen the loop counter, and ptxas then copied the
-    # pipeline's predicate before every load).
+    # Scalar row pointers, advanced by a tile each step (not made from the step's index: their
+    # 64-bit product made LLVM widen the loop counter to 64 bits).
     q_row = q_head + lo.to(tl.int64) * stride_qn
     do_row = do_head + lo.to(tl.int64) * stride_don
     lse2_row = lse2_ptrs + lo
