@@ -195,7 +195,8 @@ def main(argv=None) -> int:
           f"{registers} registers, {stack} bytes of stack (spills)")
     for first, last, counts in loops(instructions(sass)):
         top = ", ".join(f"{op} {n}" for op, n in counts.most_common(10))
-        print(f"  loop {first:#06x}-{last:#06x}: {sum(counts.values())} instructions a step ({top})")
+        steps = sum(counts.values())
+        print(f"  loop {first:#06x}-{last:#06x}: {steps} instructions a step ({top})")
     return 0
 
 
