@@ -244,7 +244,6 @@ def attn_bwd_dkdv_kernel(
         if start_n * BLOCK_N >= k_len:  # the grid covers the longest sequence
             return
     offs_n = start_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m0 = tl.arange(0, BLOCK_M).to(tl.int64)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     mask_d = offs_d < HEAD_DIM
 
@@ -273,8 +272,9 @@ def attn_bwd_dkdv_kernel(
     # Grouped-query attention: this kv head's gradient is the sum over the q heads that read it.
     # Looping over them here keeps that sum in the fp32 accumulators: no atomics, no extra copy.
     keys = start_n * BLOCK_N + tl.arange(0, BLOCK_N)  # 32-bit, for the masks (see the loop)
-    tile_q = offs_m0.to(tl.int32)[:, None] * stride_qn + offs_d[None, :] * stride_qd
-    tile_do = offs_m0.to(tl.int32)[:, None] * stride_don + offs_d[None, :] * stride_dod
+    offs_m0 = tl.arange(0, BLOCK_M)
+    tile_q = offs_m0[:, None] * stride_qn + offs_d[None, :] * stride_qd
+    tile_do = offs_m0[:, None] * stride_don + offs_d[None, :] * stride_dod
     for g in range(0, group_size):
         head = (kv_head * group_size + g).to(tl.int64)
         q_head = q_ptr + batch * stride_qb + head * stride_qh + q_start * stride_qn
