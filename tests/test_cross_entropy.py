@@ -423,6 +423,32 @@ def test_cross_entropy_autocast():
     _assert_close(dx, torch.autograd.grad(ref64, x64)[0], torch.bfloat16)
 
 
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_cross_entropy_loss_dtype(dtype, reduction):
+    """``dtype=torch.float32`` on half-precision logits: F.cross_entropy(x.float()) (the loss in
+    fp32, as transformers' causal-LM loss makes it), eagerly (twice: the kept signature too) and
+    compiled; the gradient in x's dtype. A dtype that is not a float dtype is refused."""
+    x = _randn(9, 300, dtype=dtype, scale=4.0).requires_grad_()
+    target = _targets(9, 300, ignored=[2])
+    x64 = x.detach().double().requires_grad_()
+    ref = F.cross_entropy(x64, target, reduction=reduction)
+    dy = _randn(*ref.shape, dtype=torch.float64, seed=5)
+    (ref_dx,) = torch.autograd.grad(ref, x64, dy)
+    eager = lambda x: cross_entropy(x, target, reduction=reduction, dtype=torch.float32)  # noqa
+    for f in (eager, eager, torch.compile(eager, fullgraph=True)):
+        loss = f(x)
+        assert loss.dtype == torch.float32
+        _assert_close(loss, ref, torch.float32)
+        (dx,) = torch.autograd.grad(loss, x, dy.float())
+        assert dx.dtype == dtype
+        _assert_close(dx, ref_dx, dtype, scale=2.0)
+    with pytest.raises(TypeError, match="dtype must be None or one of"):
+        cross_entropy(x, target, dtype=torch.int64)
+    with pytest.raises(TypeError, match="dtype must be None or one of"):
+        cross_entropy(x, target, dtype="float32")
+
+
 # --------------------------------------------------------------------------------------------
 # linear_cross_entropy
 # --------------------------------------------------------------------------------------------

@@ -73,8 +73,8 @@ EXPECTED = {
     "qwen3": dict(rms_norm=9, rope=2, swiglu=2, attention=2, cross_entropy=1,  # q/k norms
                   add_rms_norm=2),
     "gemma": dict(rms_norm=5, rope=2, geglu=2, attention=2, cross_entropy=1, add_rms_norm=2),
-    "gemma2": dict(rms_norm=9, rope=2, geglu=2, attention=2,  # soft-capped logits: torch's loss
-                   add_rms_norm=2),
+    "gemma2": dict(rms_norm=9, rope=2, geglu=2, attention=2,  # soft-capped logits: their loss
+                   cross_entropy=1, add_rms_norm=2),
     "gemma3": dict(rms_norm=13, rope=2, geglu=2, attention=2, cross_entropy=1, add_rms_norm=2),
     "phi3": dict(rms_norm=5, rope=2, swiglu=2, attention=2, cross_entropy=1, add_rms_norm=2),
     "gpt_oss": dict(rms_norm=5, rope=2, attention=2, cross_entropy=1,  # experts stay
@@ -83,7 +83,6 @@ EXPECTED = {
 }
 #: family -> {(kind, name)} of what is listed as left on torch for a limitation.
 EXPECTED_SKIPPED = {
-    "gemma2": {("cross_entropy", "lm_head")},
     "gpt_oss": {("swiglu", "model.layers.0.mlp.experts"), ("swiglu", "model.layers.1.mlp.experts")},
 }
 
@@ -186,19 +185,20 @@ def test_counts_and_skipped(family):
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma", "gpt2"])
-def test_compiled_leaves_the_norms_to_inductor(family):
-    """compiled=True: every RMSNorm (and with it each layer's residual add) or LayerNorm, and the
-    loss, stay on torch, listed by choice; the rest is counted as without it; the loss stays the
-    model's."""
+def test_compiled_leaves_the_norms_to_inductor(family, monkeypatch):
+    """compiled=True: every RMSNorm (and with it each layer's residual add) or LayerNorm stays on
+    torch, listed by choice; the rest is counted as without it; the loss is the model's own head,
+    then our cross-entropy on its logits (counted), equal to the unpatched model's."""
     model = build(family)
     reference = copy.deepcopy(model)
     with warnings.catch_warnings():
         warnings.simplefilter("error", PatchWarning)  # nothing left for a limitation
         warnings.simplefilter("ignore", InterpreterWarning)
         counts = hf.patch_model(model, compiled=True)
-    norms = {"rms_norm", "add_rms_norm", "layer_norm", "cross_entropy"}
+    norms = {"rms_norm", "add_rms_norm", "layer_norm"}
     expected = {k: v for k, v in EXPECTED[family].items() if k not in norms}
     assert {k: v for k, v in counts.items() if v} == expected
+    assert counts["cross_entropy"] == 1
     left = [s for s in counts.skipped if s.kind in norms]
     standalone_layer_norms = 5 if family == "gpt2" else 0  # left in either mode
     assert len(left) == sum(v for k, v in EXPECTED[family].items() if k in norms) + (
@@ -208,10 +208,25 @@ def test_compiled_leaves_the_norms_to_inductor(family):
                 if name.endswith(("norm", "ln_1", "ln_2", "ln_f"))
                 and (type(m).__module__.startswith("triton_workshop")
                      or families.patched_kind(m) is not None)]
+    losses = []
+    original = hf.loss.cross_entropy
+
+    def spy(logits, target, **kwargs):
+        losses.append(tuple(logits.shape))
+        return original(logits, target, **kwargs)
+
+    monkeypatch.setattr(hf.loss, "cross_entropy", spy)
     ids = tokens(batch=1)
-    with torch.no_grad():
-        torch.testing.assert_close(model(input_ids=ids, labels=ids).loss,
-                                   reference(input_ids=ids, labels=ids).loss, **TOL)
+    out = model(input_ids=ids, labels=ids)
+    ref = reference(input_ids=ids, labels=ids)
+    assert losses == [(SEQ, VOCAB)]  # the logits the model made, on our kernel
+    torch.testing.assert_close(out.logits, ref.logits, **TOL)
+    torch.testing.assert_close(out.loss, ref.loss, **TOL)
+    out.loss.backward()
+    ref.loss.backward()
+    ref_params = dict(reference.named_parameters())
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, ref_params[name].grad, **TOL, msg=name)
     with pytest.raises(TypeError, match="compiled must be a bool"):
         hf.patch_model(build(family), compiled=1)
 
@@ -220,7 +235,8 @@ def test_compiled_leaves_the_norms_to_inductor(family):
 @pytest.mark.parametrize("compiled", [False, True])
 def test_a_patched_model_compiles_in_one_graph(compiled):
     """torch.compile(fullgraph=True) of a patched Llama, with the loss: no graph break (traced,
-    the loss is the model's own), the unpatched model's loss and gradients."""
+    the loss is the model's head and our cross-entropy), the unpatched model's loss and
+    gradients."""
     model = build("llama")
     reference = copy.deepcopy(model)
     with warnings.catch_warnings():
@@ -253,7 +269,11 @@ def test_logits_loss_and_gradients(family, no_fallback, kernel_calls, fused_adds
     ref = reference(input_ids=ids, labels=labels)
     assert len(fused_adds) == counts["add_rms_norm"]  # one per layer, each forward
     if counts["cross_entropy"]:
-        assert out.logits is None  # never materialised
+        kind = families.patched_kind(model)
+        # the fused loss: logits never materialised; Gemma 2's capped logits: their loss on our
+        # cross-entropy
+        assert kind == ("cross_entropy_logits" if family == "gemma2" else "cross_entropy")
+        assert (out.logits is None) == (kind == "cross_entropy")
     torch.testing.assert_close(out.loss, ref.loss, **TOL)
     out.loss.backward()
     ref.loss.backward()

@@ -385,3 +385,64 @@ def test_compiled_causal_attention_builds_no_mask(monkeypatch, padded):
     loss = compiled(input_ids=ids, labels=ids, **inputs).loss
     torch.testing.assert_close(loss, reference(input_ids=ids, labels=ids, **inputs).loss, **TOL)
     assert fell_back == ([True, True] if padded else [])
+
+
+# ---------------------------------------------------------------------------------------------
+# The loss of the logits (compiled=True, return_logits=True): transformers' ForCausalLMLoss on
+# our cross-entropy.
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("variant", ["mean", "num_items", "shift_labels"])
+def test_logits_loss_is_transformers_causal_lm_loss(dtype, variant):
+    """``logits_loss`` gives ForCausalLMLoss's value (fp32, from the logits' own dtype: no fp32
+    copy) and gradient, with ignored labels, a ``num_items_in_batch`` sum, given shift_labels."""
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    g = torch.Generator().manual_seed(3)
+    logits = (torch.randn(2, 7, 37, generator=g) * 3).to(DEVICE, dtype).requires_grad_()
+    labels = torch.randint(0, 37, (2, 7), generator=g).to(DEVICE)
+    labels[0, :2] = -100
+    kwargs = {}
+    if variant == "num_items":
+        kwargs["num_items_in_batch"] = torch.tensor(9, device=DEVICE)
+    elif variant == "shift_labels":
+        kwargs["shift_labels"] = torch.roll(labels, 2, dims=1)
+    ref_logits = logits.detach().clone().requires_grad_()
+    loss = hf.loss.logits_loss(logits, labels, 37, **kwargs)
+    ref = ForCausalLMLoss(ref_logits, labels, 37, **kwargs)
+    assert loss.dtype == ref.dtype == torch.float32
+    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-6)
+    loss.backward()
+    ref.backward()
+    assert logits.grad.dtype == dtype
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-4)
+    torch.testing.assert_close(logits.grad, ref_logits.grad, **tol)
+
+
+def test_return_logits_takes_the_models_head_and_our_cross_entropy(monkeypatch):
+    """An eagerly patched model called with ``return_logits=True``: its own head's logits, and
+    their loss on our cross-entropy; the unpatched model's loss and gradients."""
+    model = llama()
+    reference = copy.deepcopy(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InterpreterWarning)
+        assert hf.patch_model(model)["cross_entropy"] == 1
+    calls = []
+    original = hf.loss.cross_entropy
+
+    def spy(logits, target, **kwargs):
+        calls.append(kwargs.get("dtype"))
+        return original(logits, target, **kwargs)
+
+    monkeypatch.setattr(hf.loss, "cross_entropy", spy)
+    ids = tokens()
+    out = model(input_ids=ids, labels=ids, return_logits=True)
+    ref = reference(input_ids=ids, labels=ids)
+    assert calls == [torch.float32]
+    torch.testing.assert_close(out.logits, ref.logits, **TOL)
+    torch.testing.assert_close(out.loss, ref.loss, **TOL)
+    out.loss.backward()
+    ref.loss.backward()
+    ref_params = dict(reference.named_parameters())
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, ref_params[name].grad, **TOL, msg=name)

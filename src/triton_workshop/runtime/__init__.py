@@ -60,6 +60,7 @@ from .registry import (  # noqa: E402
     launch_kernel,
     launching_directly,
     register_op,
+    traced,
     wrap_triton,
 )
 from . import plans  # noqa: E402
@@ -75,5 +76,6 @@ __all__ = [
     "stub_launches",
     "PLAIN", "RECORD", "AutocastPolicy", "RegisteredOp", "any_autocast", "eager_backward",
     "follows_autocast",
-    "launch_directly", "launch_kernel", "launching_directly", "register_op", "wrap_triton",
+    "launch_directly", "launch_kernel", "launching_directly", "register_op", "traced",
+    "wrap_triton",
 ]

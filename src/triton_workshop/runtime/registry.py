@@ -92,6 +92,14 @@ def eager_backward() -> bool:
     return not (torch.is_grad_enabled() or _dispatch_modes() or _functorch_stack() is not None)
 
 
+def traced() -> bool:
+    """Whether the ops called now are recorded rather than run: torch.compile (Dynamo, or
+    AOTAutograd tracing a backward formula, where some torch versions read
+    ``torch.compiler.is_compiling()`` as False: its dispatch mode is on then), ``torch.jit``
+    tracing, or any other dispatch mode."""
+    return bool(_is_compiling() or _jit_tracing() or _dispatch_modes())
+
+
 def any_autocast() -> bool:
     """Whether ``torch.autocast`` is on for any device type (one C call): where a backward that
     calls registered ops would have them cast its operands."""

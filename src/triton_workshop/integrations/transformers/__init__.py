@@ -45,7 +45,10 @@ its config) computes as before. What it changes, each counted under its kind:
   fused ``gate_up_proj``) with the activation and product in one kernel. GPT-OSS's mixture of
   experts stays on torch (listed).
 * ``cross_entropy``: the causal-LM loss when called with ``labels`` (see :mod:`.loss`; the output
-  then has ``logits=None``; ``return_logits=True`` gives the model's own path).
+  then has ``logits=None``; ``return_logits=True`` gives the model's own head, its logits' loss
+  still on our kernel). Under ``compiled=True``, and for a model the fused loss cannot take
+  (Gemma 2's soft-capped logits): the model's own head, the loss of its logits on
+  :func:`~triton_workshop.ops.cross_entropy.cross_entropy`.
 * ``attention``: the attention modules on ``attn_implementation="triton_workshop"``.
 * ``layer_norm``, ``linear``, ``conv2d`` as :func:`triton_workshop.nn.patch` (same ``linear=``
   rule: a plain Linear stays on cuBLAS unless ``linear="always"``), and ``conv1d``: GPT-2's
@@ -465,8 +468,9 @@ def patch_model(
     :class:`~triton_workshop.nn.patch.PatchWarning`). ``compiled=True``, for a model about to
     be compiled, leaves the norms that run on their own (RMSNorms, with their residual adds, and
     LayerNorms) on torch, where Inductor fuses them with the ops around them, as
-    :func:`triton_workshop.nn.patch` does, and the loss, which runs as the model's own under
-    torch.compile anyway (see :mod:`.loss`); they are listed in ``skipped``."""
+    :func:`triton_workshop.nn.patch` does; they are listed in ``skipped``. Its loss is the
+    model's own head, then :func:`~triton_workshop.ops.cross_entropy.cross_entropy` on the
+    logits (the fused loss cannot be traced; see :mod:`.loss`)."""
     flags = {
         name: check_flag(value, name)
         for name, value in (("rms_norm", rms_norm),
@@ -510,11 +514,14 @@ def patch_model(
         plan_decoder_layers(model, plan, changes, norms, flags["compiled"])
     set_attention = _plan_attention(model, flags, plan, changes)
     if flags["cross_entropy"] and hasattr(model, "lm_head") and families.patched_kind(model) is None:
-        reason = loss.LEFT_TO_INDUCTOR if flags["compiled"] else loss.loss_reason(model)
+        # The fused loss where it is exact and runs (eagerly), else the loss of the logits the
+        # model makes, on our cross-entropy (under compile, or e.g. Gemma 2's capped logits).
+        fused = not flags["compiled"] and loss.loss_reason(model) is None
+        reason = None if fused else loss.logits_loss_reason(model)
         if reason:
             plan.skip("lm_head", "cross_entropy", reason)
         else:
-            changes.append(lambda: loss.patch_loss(model))
+            changes.append(lambda: (loss.patch_loss if fused else loss.patch_logits_loss)(model))
             plan.counts["cross_entropy"] += 1
 
     # Applying: the attention setting first (transformers may refuse it: listed, before the

@@ -18,9 +18,15 @@ own path. The model's own path also runs whenever this one would not be exact: n
 (generation), ``logits_to_keep`` set, ``return_dict=False``, a final-logit soft-capping in the
 config (Gemma 2/3: the loss of the capped logits is not the loss of ``lm_head``'s), a loss
 function other than transformers' ``ForCausalLMLoss``, and a call that ``torch.compile`` traces:
-the rerouting changes modules in the middle of the call, which it cannot trace, so a compiled
-model computes its loss as the unpatched one does, compiled by Inductor (``patch_model(model,
-compiled=True)`` leaves the loss on torch and lists it).
+the rerouting changes modules in the middle of the call, which it cannot trace.
+
+Where the model's own path runs with ``ForCausalLMLoss``, its cross-entropy runs on
+:func:`~triton_workshop.ops.cross_entropy.cross_entropy` (:func:`logits_loss`): the logits are
+made by ``lm_head`` as usual and read once in their own dtype, without the fp32 copy that
+``logits.float()`` makes. A model the fused path cannot take (:func:`loss_reason`: soft-capped
+logits, a hook on ``lm_head``, ...) but whose forward is known gets that loss alone
+(:func:`patch_logits_loss`), and so does every model under ``patch_model(model,
+compiled=True)``, since under torch.compile the fused path never runs.
 """
 
 from __future__ import annotations
@@ -32,15 +38,8 @@ import inspect
 import torch
 from torch import nn
 
-from ...nn.patch import PolicyReason
+from ...ops.cross_entropy import cross_entropy, linear_cross_entropy
 from .families import give_class, original_class
-
-#: Why ``patch_model(compiled=True)`` leaves the loss on torch.
-LEFT_TO_INDUCTOR = PolicyReason(
-    "left to torch.compile (compiled=True): traced, the model computes its own loss (the fused "
-    "path changes modules mid-call, which torch.compile cannot trace), compiled by Inductor with "
-    "the rest of the graph"
-)
 
 #: (family, class) of the causal-LM heads whose forward is known to call ``lm_head`` once and pass
 #: its result unchanged to ``loss_function`` (the soft-capping of Gemma 2/3 is checked per call).
@@ -70,6 +69,11 @@ def _causal_lm_loss():
     from transformers.loss.loss_utils import ForCausalLMLoss
 
     return ForCausalLMLoss
+
+
+#: transformers' ``ForCausalLMLoss`` under "loss", found at patch time: a plain dict lookup
+#: that torch.compile traces (the import in :func:`_causal_lm_loss` is not read while tracing).
+_CAUSAL_LM_LOSS: dict[str, object] = {}
 
 
 def loss_reason(model: nn.Module) -> str | None:
@@ -110,8 +114,6 @@ def _lm_head_forward(self, input: torch.Tensor) -> torch.Tensor:
 
 
 def _fused_loss(lm_head: nn.Module, capture: _Capture):
-    from ...ops.cross_entropy import linear_cross_entropy
-
     def loss_function(logits, labels, vocab_size: int, num_items_in_batch=None,
                       ignore_index: int = -100, shift_labels=None, **kwargs):  # fmt: skip
         if len(capture.hidden) != 1:
@@ -120,22 +122,50 @@ def _fused_loss(lm_head: nn.Module, capture: _Capture):
                 "one call (patch with cross_entropy=False for this model)"
             )
         hidden = capture.hidden[0]
-        if shift_labels is None:
-            labels = nn.functional.pad(labels, (0, 1), value=ignore_index)
-            shift_labels = labels[..., 1:]
-        targets = shift_labels.reshape(-1).to(hidden.device)
-        reduction = "sum" if num_items_in_batch is not None else "mean"
+        targets = _shifted_targets(labels, shift_labels, ignore_index, hidden.device)
         loss = linear_cross_entropy(
             hidden.reshape(-1, hidden.shape[-1]), lm_head.weight, targets, lm_head.bias,
-            ignore_index=ignore_index, reduction=reduction,
+            ignore_index=ignore_index, reduction=_reduction(num_items_in_batch),
         )  # fmt: skip
-        if reduction == "sum":
-            if torch.is_tensor(num_items_in_batch):
-                num_items_in_batch = num_items_in_batch.to(loss.device)
-            loss = loss / num_items_in_batch
-        return loss
+        return _per_item(loss, num_items_in_batch)
 
     return loss_function
+
+
+def logits_loss(logits, labels, vocab_size: int, num_items_in_batch=None,
+                ignore_index: int = -100, shift_labels=None, **kwargs):  # fmt: skip
+    """transformers' ``ForCausalLMLoss`` with its cross-entropy on
+    :func:`~triton_workshop.ops.cross_entropy.cross_entropy`: the loss of the logits the model
+    made, where the fused path does not run (a call that ``torch.compile`` traces, one that
+    asks for the logits). The logits are read in their own dtype and the loss made in fp32, as
+    transformers' ``logits.float()`` then ``F.cross_entropy`` make it, without that fp32 copy
+    of the (tokens x vocabulary) logits."""
+    targets = _shifted_targets(labels, shift_labels, ignore_index, logits.device)
+    loss = cross_entropy(logits.view(-1, vocab_size), targets, ignore_index=ignore_index,
+                         reduction=_reduction(num_items_in_batch), dtype=torch.float32)
+    return _per_item(loss, num_items_in_batch)
+
+
+def _shifted_targets(labels, shift_labels, ignore_index: int, device) -> torch.Tensor:
+    """ForCausalLMLoss's targets: the labels shifted left by one (the last position ignored),
+    or the given ``shift_labels``, flattened, on ``device``."""
+    if shift_labels is None:
+        labels = nn.functional.pad(labels, (0, 1), value=ignore_index)
+        shift_labels = labels[..., 1:]
+    return shift_labels.reshape(-1).to(device)
+
+
+def _reduction(num_items_in_batch) -> str:
+    """ForCausalLMLoss's: a sum divided by ``num_items_in_batch`` where given, else a mean."""
+    return "sum" if num_items_in_batch is not None else "mean"
+
+
+def _per_item(loss: torch.Tensor, num_items_in_batch) -> torch.Tensor:
+    if num_items_in_batch is None:
+        return loss
+    if torch.is_tensor(num_items_in_batch):
+        num_items_in_batch = num_items_in_batch.to(loss.device)
+    return loss / num_items_in_batch
 
 
 def _wants_fused_loss(model, bound: inspect.BoundArguments) -> bool:
@@ -215,7 +245,10 @@ def _causal_lm_forward(self, *args, return_logits: bool = False, **kwargs):
 
 def _loss_function(self):
     fused = self.__dict__.get("_triton_workshop_loss")
-    return fused if fused is not None else _original_loss_function(self)
+    if fused is not None:
+        return fused
+    original = _original_loss_function(self)
+    return logits_loss if original is _CAUSAL_LM_LOSS.get("loss") else original
 
 
 def _set_loss_function(self, value):
@@ -242,7 +275,30 @@ def _forward_for(cls: type):
 
 def patch_loss(model: nn.Module) -> None:
     """The per-instance classes of the module docstring (checked by :func:`loss_reason`)."""
-    _loss_getter_of(type(model))  # now, untraced: torch.compile cannot trace the lookup
+    _find_loss_functions(model)
     give_class(model.lm_head, "cross_entropy_head", forward=_lm_head_forward)
     give_class(model, "cross_entropy", forward=_forward_for(type(model)),
                loss_function=property(_loss_function, _set_loss_function))  # fmt: skip
+
+
+def patch_logits_loss(model: nn.Module) -> None:
+    """``patch_model(compiled=True)``'s loss (checked by :func:`logits_loss_reason`): the model's
+    own head and forward, and its ``ForCausalLMLoss`` as :func:`logits_loss`."""
+    _find_loss_functions(model)
+    give_class(model, "cross_entropy_logits",
+               loss_function=property(_loss_function, _set_loss_function))  # fmt: skip
+
+
+def logits_loss_reason(model: nn.Module) -> str | None:
+    """Why the loss of ``model`` cannot run as :func:`logits_loss`, or None."""
+    if type(model).forward not in _known_forwards():
+        return (f"{type(model).__name__}'s forward is not one known to pass its logits to its "
+                "loss_function")  # fmt: skip
+    return None
+
+
+def _find_loss_functions(model: nn.Module) -> None:
+    """What :func:`_loss_function` reads, found now, untraced: torch.compile traces neither the
+    property lookup of transformers' loss_function nor an import."""
+    _loss_getter_of(type(model))
+    _CAUSAL_LM_LOSS["loss"] = _causal_lm_loss()

@@ -65,6 +65,7 @@ __all__ = [
 
 #: What F.cross_entropy's output is under autocast: on torch's fp32 lists (CPU and CUDA).
 _AUTOCAST_LOSS = runtime.AutocastPolicy("fp32")
+_DTYPE_NAMES = ", ".join(str(d) for d in FLOAT_DTYPES)
 
 
 def cross_entropy(
@@ -74,6 +75,7 @@ def cross_entropy(
     ignore_index: int = -100,
     reduction: str = "mean",
     label_smoothing: float = 0.0,
+    dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """``F.cross_entropy(input, target, ...)`` in Triton, for (N, C) logits (or one row of (C,))
     and int64 class targets (N,): ``ignore_index``, ``reduction`` "mean"/"sum"/"none" and
@@ -85,10 +87,15 @@ def cross_entropy(
     incoming gradient is 1; otherwise (fp16, ``torch.compile``) the backward recomputes the
     softmax from a saved logsumexp a row. A target outside ``[0, C)`` other than
     ``ignore_index`` gives NaN (torch raises; checking would wait for the GPU). Traceable by
-    ``torch.compile``."""
+    ``torch.compile``.
+
+    ``dtype`` (an addition to torch's arguments): the loss's dtype, by default the logits' (fp32
+    under autocast, as torch's). ``dtype=torch.float32`` on bf16 logits gives
+    ``F.cross_entropy(input.float(), ...)`` exactly (what transformers' causal-LM loss
+    computes) without the fp32 copy of the logits."""
     path = cross_entropy_forward.eager_path(input, target)
     key = None
-    if path:  # an eager call of layouts seen before: straight to the launch
+    if path and dtype is None:  # an eager call of layouts seen before: straight to the launch
         try:
             out_dtype = _AUTOCAST_LOSS.dtype_for("cuda" if input.is_cuda else "cpu") \
                 or input.dtype
@@ -117,8 +124,10 @@ def cross_entropy(
             return loss
     checked_ignore, smoothing = _CALLS.checked(
         loss_key, _check_cross_entropy, input, target, ignore_index, reduction, label_smoothing)
+    if dtype is not None and dtype not in FLOAT_DTYPES:
+        raise TypeError(f"dtype must be None or one of {_DTYPE_NAMES}, got {dtype!r}")
     device_type = "cuda" if input.is_cuda else "cpu"
-    out_dtype = _AUTOCAST_LOSS.dtype_for(device_type) or input.dtype
+    out_dtype = dtype or _AUTOCAST_LOSS.dtype_for(device_type) or input.dtype
     # The gradient in the forward only where the eager backward can scale it in place
     # (autograd recording an eager call; see :mod:`.loss`).
     compute_grad = path == runtime.RECORD and _grad_in_forward(input)

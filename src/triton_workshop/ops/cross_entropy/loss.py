@@ -300,6 +300,9 @@ def _cross_entropy_backward_autograd(ctx, grad_loss, _grad_lse, grad_of_grad):
     if ctx.from_grad:
         return _backward_from_grad(ctx, grad_loss), None, None, None, None, None, None
     x, target, lse = ctx.saved_tensors
+    if runtime.traced():
+        return (_traced_backward(grad_loss, x, target, lse, *ctx.loss_args),
+                None, None, None, None, None, None)
     plan = ctx.backward_plan
     if (plan is not None and grad_loss.dtype is ctx.scale_dtype and not grad_loss.dim()
             and runtime.eager_backward()):
@@ -311,6 +314,26 @@ def _cross_entropy_backward_autograd(ctx, grad_loss, _grad_lse, grad_of_grad):
     else:
         dx = cross_entropy_backward(grad_loss, x, target, lse, *ctx.loss_args)
     return dx, None, None, None, None, None, None
+
+
+def _traced_backward(grad_loss, x, target, lse, ignore_index, reduction, label_smoothing):
+    """:func:`cross_entropy_backward` in torch ops, for a backward that is traced
+    (:func:`runtime.traced`: torch.compile's):
+    one pointwise expression of the logits, their saved ``lse`` and the targets, which Inductor
+    fuses with the ops around it. A model that returns its logits as well as their loss (a
+    causal LM's head) gets a zero gradient for the returned logits added to this one in the
+    compiled backward: fused, that add costs one more read; after the kernel, a pass over the
+    (tokens x vocabulary) logits of its own. Same arithmetic as the kernel: fp32, one rounding
+    to the logits' dtype; an ignored row's gradient is 0."""
+    valid = (target != ignore_index).unsqueeze(1)
+    scale = grad_scale(grad_loss, target, ignore_index, reduction)
+    scale = scale.unsqueeze(1) if scale.dim() else scale
+    n_classes = x.shape[1]
+    hit = torch.arange(n_classes, device=x.device) == target.unsqueeze(1)
+    grad = torch.exp(x.float() - lse.unsqueeze(1)) - hit * (1.0 - label_smoothing)
+    if label_smoothing:
+        grad = grad - label_smoothing / n_classes
+    return torch.where(valid, grad * scale, 0.0).to(x.dtype)
 
 
 cross_entropy_forward.register_autograd(
