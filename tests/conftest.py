@@ -124,6 +124,16 @@ def in_nan_storage():
 # --------------------------------------------------------------------------------------------
 # The examples/ scripts (tests/test_examples.py, tests/test_distributed.py).
 # --------------------------------------------------------------------------------------------
+def assert_same_gradients(model, reference, loss, ref_loss, **tol):
+    """Backward through both losses: every parameter of ``model`` has the gradient of the one of
+    the same name in ``reference`` (within ``tol``, ``torch.testing.assert_close``'s)."""
+    loss.backward()
+    ref_loss.backward()
+    ref_params = dict(reference.named_parameters())
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, ref_params[name].grad, **tol, msg=name)
+
+
 def load_example(name: str):
     """``examples/<name>.py`` as a module (the scripts are not a package)."""
     spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")

@@ -27,6 +27,7 @@ import pytest
 import torch
 
 import triton_workshop  # noqa: F401  (first: decides interpreter-or-GPU before transformers loads)
+from conftest import assert_same_gradients
 from triton_workshop.nn.patch import InterpreterWarning, PatchWarning
 from triton_workshop.runtime import DEVICE
 
@@ -222,11 +223,7 @@ def test_compiled_leaves_the_norms_to_inductor(family, monkeypatch):
     assert losses == [(SEQ, VOCAB)]  # the logits the model made, on our kernel
     torch.testing.assert_close(out.logits, ref.logits, **TOL)
     torch.testing.assert_close(out.loss, ref.loss, **TOL)
-    out.loss.backward()
-    ref.loss.backward()
-    ref_params = dict(reference.named_parameters())
-    for name, p in model.named_parameters():
-        torch.testing.assert_close(p.grad, ref_params[name].grad, **TOL, msg=name)
+    assert_same_gradients(model, reference, out.loss, ref.loss, **TOL)
     with pytest.raises(TypeError, match="compiled must be a bool"):
         hf.patch_model(build(family), compiled=1)
 
@@ -247,11 +244,7 @@ def test_a_patched_model_compiles_in_one_graph(compiled):
     loss = torch.compile(model, fullgraph=True)(input_ids=ids, labels=ids).loss
     ref = reference(input_ids=ids, labels=ids).loss
     torch.testing.assert_close(loss, ref, **TOL)
-    loss.backward()
-    ref.backward()
-    ref_params = dict(reference.named_parameters())
-    for name, p in model.named_parameters():
-        torch.testing.assert_close(p.grad, ref_params[name].grad, **TOL, msg=name)
+    assert_same_gradients(model, reference, loss, ref, **TOL)
 
 
 # ---------------------------------------------------------------------------------------------

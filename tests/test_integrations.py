@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import triton_workshop  # noqa: F401  (first: decides interpreter-or-GPU before transformers loads)
+from conftest import assert_same_gradients
 from triton_workshop.nn.patch import InterpreterWarning, PatchWarning
 from triton_workshop.ops.matmul import tf32_enabled
 from triton_workshop.runtime import DEVICE
@@ -84,11 +85,7 @@ def assert_same_training_step(model, reference, **inputs):
     ref = reference(input_ids=ids, labels=ids, **inputs)
     assert out.logits is None  # the fused loss never builds them
     torch.testing.assert_close(out.loss, ref.loss, **TOL)
-    out.loss.backward()
-    ref.loss.backward()
-    ref_params = dict(reference.named_parameters())
-    for name, p in model.named_parameters():
-        torch.testing.assert_close(p.grad, ref_params[name].grad, **TOL, msg=name)
+    assert_same_gradients(model, reference, out.loss, ref.loss, **TOL)
 
 
 def test_registered_with_transformers():
@@ -441,8 +438,4 @@ def test_return_logits_takes_the_models_head_and_our_cross_entropy(monkeypatch):
     assert calls == [torch.float32]
     torch.testing.assert_close(out.logits, ref.logits, **TOL)
     torch.testing.assert_close(out.loss, ref.loss, **TOL)
-    out.loss.backward()
-    ref.loss.backward()
-    ref_params = dict(reference.named_parameters())
-    for name, p in model.named_parameters():
-        torch.testing.assert_close(p.grad, ref_params[name].grad, **TOL, msg=name)
+    assert_same_gradients(model, reference, out.loss, ref.loss, **TOL)
