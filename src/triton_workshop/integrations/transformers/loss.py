@@ -282,8 +282,9 @@ def patch_loss(model: nn.Module) -> None:
 
 
 def patch_logits_loss(model: nn.Module) -> None:
-    """``patch_model(compiled=True)``'s loss (checked by :func:`logits_loss_reason`): the model's
-    own head and forward, and its ``ForCausalLMLoss`` as :func:`logits_loss`."""
+    """The loss of a model the fused path does not take, and of every model under
+    ``patch_model(compiled=True)`` (checked by :func:`logits_loss_reason`): the model's own head
+    and forward, and its ``ForCausalLMLoss`` as :func:`logits_loss`."""
     _find_loss_functions(model)
     give_class(model, "cross_entropy_logits",
                loss_function=property(_loss_function, _set_loss_function))  # fmt: skip

@@ -318,9 +318,8 @@ def _cross_entropy_backward_autograd(ctx, grad_loss, _grad_lse, grad_of_grad):
 
 def _traced_backward(grad_loss, x, target, lse, ignore_index, reduction, label_smoothing):
     """:func:`cross_entropy_backward` in torch ops, for a backward that is traced
-    (:func:`runtime.traced`: torch.compile's):
-    one pointwise expression of the logits, their saved ``lse`` and the targets, which Inductor
-    fuses with the ops around it. A model that returns its logits as well as their loss (a
+    (:func:`runtime.traced`: torch.compile's): one pointwise expression of the logits, their
+    saved ``lse`` and the targets, which Inductor fuses with the ops around it. A model that returns its logits as well as their loss (a
     causal LM's head) gets a zero gradient for the returned logits added to this one in the
     compiled backward: fused, that add costs one more read; after the kernel, a pass over the
     (tokens x vocabulary) logits of its own. Same arithmetic as the kernel: fp32, one rounding
