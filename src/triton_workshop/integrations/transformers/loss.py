@@ -65,15 +65,18 @@ def _known_forwards() -> frozenset:
     return frozenset(forwards)
 
 
-def _causal_lm_loss():
-    from transformers.loss.loss_utils import ForCausalLMLoss
-
-    return ForCausalLMLoss
-
-
-#: transformers' ``ForCausalLMLoss`` under "loss", found at patch time: a plain dict lookup
-#: that torch.compile traces (the import in :func:`_causal_lm_loss` is not read while tracing).
+#: transformers' ``ForCausalLMLoss`` under "loss", kept by :func:`_causal_lm_loss` (found at
+#: patch time): a traced call reads a dict, not an import.
 _CAUSAL_LM_LOSS: dict[str, object] = {}
+
+
+def _causal_lm_loss():
+    loss = _CAUSAL_LM_LOSS.get("loss")
+    if loss is None:
+        from transformers.loss.loss_utils import ForCausalLMLoss
+
+        loss = _CAUSAL_LM_LOSS["loss"] = ForCausalLMLoss
+    return loss
 
 
 def loss_reason(model: nn.Module) -> str | None:
@@ -248,7 +251,7 @@ def _loss_function(self):
     if fused is not None:
         return fused
     original = _original_loss_function(self)
-    return logits_loss if original is _CAUSAL_LM_LOSS.get("loss") else original
+    return logits_loss if original is _causal_lm_loss() else original
 
 
 def _set_loss_function(self, value):
@@ -302,4 +305,4 @@ def _find_loss_functions(model: nn.Module) -> None:
     """What :func:`_loss_function` reads, found now, untraced: torch.compile traces neither the
     property lookup of transformers' loss_function nor an import."""
     _loss_getter_of(type(model))
-    _CAUSAL_LM_LOSS["loss"] = _causal_lm_loss()
+    _causal_lm_loss()
