@@ -263,11 +263,14 @@ def query_ranges(start_n, q_len, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.cons
 
 
 @triton.jit
-def load_lse2(lse2_ptrs, mask_m, CHECK_ROWS: tl.constexpr):
+def load_lse2_delta(lse2_ptrs, delta_ptrs, mask_m, CHECK_ROWS: tl.constexpr):
     """A query tile's LSE in base-2 units, as the preprocess kernel wrote it (+inf for a row
-    that saw no key). Rows past the end (``mask_m`` False, read only with ``CHECK_ROWS``) read
-    +inf too, which makes their P exactly 0 (and their dO is 0)."""
+    that saw no key), and its Δ. Rows past the end (``mask_m`` False, read only with
+    ``CHECK_ROWS``) read LSE +inf, which makes their P exactly 0 (and their dO is 0), and Δ 0."""
     if CHECK_ROWS:
-        return tl.load(lse2_ptrs, mask=mask_m, other=float("inf"))
+        lse2 = tl.load(lse2_ptrs, mask=mask_m, other=float("inf"))
+        delta = tl.load(delta_ptrs, mask=mask_m, other=0.0)
     else:
-        return tl.load(lse2_ptrs)
+        lse2 = tl.load(lse2_ptrs)
+        delta = tl.load(delta_ptrs)
+    return lse2, delta

@@ -17,7 +17,7 @@ from .kernel_helpers import (
     dot_operand,
     dropout_keep,
     is_visible,
-    load_lse2,
+    load_lse2_delta,
     load_rows,
     mask_scores,
     scores2,
@@ -140,15 +140,8 @@ def attn_bwd_dkdv_inner(
         do = load_rows(do_row + tile_do, offs_m, q_len, mask_d, CHECK_ROWS, EVEN_D)
         # The rows' LSE and delta from a scalar pointer and the tile's own offsets, like Q and dO:
         # each thread's loads then share one address and differ by constants.
-        lse2_tile = lse2_row + offs_m0
-        delta_tile = delta_row + offs_m0
-        if CHECK_ROWS:
-            mask_m = offs_m < q_len
-            lse2 = load_lse2(lse2_tile, mask_m, True)
-            delta = tl.load(delta_tile, mask=mask_m, other=0.0)
-        else:
-            lse2 = load_lse2(lse2_tile, None, False)
-            delta = tl.load(delta_tile)
+        lse2, delta = load_lse2_delta(lse2_row + offs_m0, delta_row + offs_m0, offs_m < q_len,
+                                      CHECK_ROWS)  # fmt: skip
         if DOT_IN_FP32:
             q = q.to(tl.float32)
             do = do.to(tl.float32)

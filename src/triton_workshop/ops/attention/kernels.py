@@ -34,7 +34,7 @@ from .kernel_helpers import (
     dropout_rows,
     key_allowed,
     key_ranges,
-    load_lse2,
+    load_lse2_delta,
     load_rows,
     program_tile,
     query_ranges,
@@ -381,8 +381,8 @@ def attn_bwd_dq_kernel(
     if DOT_IN_FP32:
         q = q.to(tl.float32)
         do = do.to(tl.float32)
-    lse2 = load_lse2(lse2_ptr + row0 + offs_m, mask_m, True)
-    delta = tl.load(delta_ptr + row0 + offs_m, mask=mask_m, other=0.0)
+    lse2, delta = load_lse2_delta(lse2_ptr + row0 + offs_m, delta_ptr + row0 + offs_m, mask_m,
+                                  True)  # fmt: skip
     dq = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
     sm_scale, qk_scale, cap_scale, cap_out, dropout_p = score_constants(sm_scale, softcap,
                                                                         dropout_p)  # fmt: skip
