@@ -49,13 +49,14 @@ from triton_workshop.ops.attention import (  # noqa: E402
     attn_bwd_dq_kernel,
     attn_fwd_kernel,
 )
+from triton_workshop.ops.attention.configs import FEATURE_SWITCHES  # noqa: E402
 
 KERNELS = {
     "dkdv": (attn_bwd_dkdv_kernel, (64, 64, 4, 2)),
     "dq": (attn_bwd_dq_kernel, (64, 32, 4, 3)),
     "fwd": (attn_fwd_kernel, (128, 64, 8, 3)),
 }
-FEATURES = ("KEY_MASK", "WINDOW", "SOFTCAP", "SINKS", "DROPOUT", "VARLEN")
+FEATURES = FEATURE_SWITCHES
 #: The pointer each feature brings (absent features pass None, a compile-time constant).
 _FEATURE_POINTERS = {"seed_ptr": ("DROPOUT", "*i64"), "key_mask_ptr": ("KEY_MASK", "*u8"),
                      "cu_q_ptr": ("VARLEN", "*i32"), "cu_k_ptr": ("VARLEN", "*i32"),

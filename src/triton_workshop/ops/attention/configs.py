@@ -189,14 +189,13 @@ def prune_dq_configs(configs, named_args, **kwargs):
     )
 
 
+#: The kernels' compile-time feature switches (``Features.consts``).
+FEATURE_SWITCHES = ("KEY_MASK", "WINDOW", "SOFTCAP", "SINKS", "DROPOUT", "VARLEN")
 #: Buckets, not lengths: every length in one power-of-two bucket reuses the tuned config. The dtype
 #: is in the key implicitly (Triton's autotuner adds the dtypes of tensor arguments). Each feature
 #: is a compile-time switch and part of the key: a feature's extra registers may favour another
 #: tile, and the plain kernel keeps its own tuning.
-TUNE_KEY = [
-    "N_Q_BUCKET", "N_K_BUCKET", "HEAD_DIM", "CAUSAL",
-    "KEY_MASK", "WINDOW", "SOFTCAP", "SINKS", "DROPOUT", "VARLEN",
-]
+TUNE_KEY = ["N_Q_BUCKET", "N_K_BUCKET", "HEAD_DIM", "CAUSAL", *FEATURE_SWITCHES]
 #: Integer arguments equal to 1 would otherwise become compile-time constants: one more compile per
 #: length of 1, and loop bounds that are Python ints where the kernels expect tensors.
 NOT_SPECIALIZED = ["n_q", "n_k", "max_seqlen_q", "max_seqlen_k", "window", "N_Q_BUCKET",
