@@ -462,3 +462,38 @@ def test_fused_layer_takes_the_older_cache_argument_name():
     out = body(Layer(), h, past_key_values="the cache")
     assert seen["past_key_values"] == "the cache" and "cache" not in seen
     torch.testing.assert_close(out, 2 * (h + 2 * h))  # h + attn, then + mlp of it
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt_oss"])
+def test_under_autocast_rope_writes_what_the_attention_reads(family, monkeypatch):
+    """Under bf16 autocast (fp32 weights, transformers' fp32 cos/sin) the rotated q and k are
+    written in bf16, the dtype every attention casts them to; logits, loss and gradients stay
+    the unpatched model's under the same autocast (bf16's tolerance)."""
+    model = build(family)
+    reference = copy.deepcopy(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PatchWarning)  # GPT-OSS's experts, listed
+        hf.patch_model(model)
+    seen = []
+    ops_rope = importlib.import_module("triton_workshop.ops.rope")
+    original = ops_rope.rope
+
+    def spy(q, k, cos, sin, **kwargs):
+        out = original(q, k, cos, sin, **kwargs)
+        seen.append((q.dtype, cos.dtype, kwargs.get("dtype"), out[0].dtype))
+        return out
+
+    monkeypatch.setattr(ops_rope, "rope", spy)
+    ids = tokens()
+    with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
+        out = model(input_ids=ids, labels=ids, return_logits=True)
+        ref = reference(input_ids=ids, labels=ids)
+    bf16 = torch.bfloat16
+    assert seen and all(s == (bf16, torch.float32, bf16, bf16) for s in seen)
+    tol = dict(rtol=5e-2, atol=5e-2)
+    torch.testing.assert_close(out.logits.float(), ref.logits.float(), **tol)
+    torch.testing.assert_close(out.loss, ref.loss, **tol)
+    assert_same_gradients(model, reference, out.loss, ref.loss, **tol)
+    seen.clear()
+    model(input_ids=ids)  # without autocast: transformers' dtypes (fp32 here)
+    assert seen and all(s[2] is None and s[3] is torch.float32 for s in seen)

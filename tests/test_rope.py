@@ -230,6 +230,33 @@ def test_autocast_changes_nothing():
         torch.testing.assert_close(a, b, **HF_TOL[torch.float32])
 
 
+@pytest.mark.parametrize("convention", ["llama", "gpt_oss"])
+def test_dtype_writes_the_rotation_rounded_once(nan_outputs, convention):
+    """``dtype=``: the fp32 rotation of bf16 q/k with fp32 cos/sin, written in bf16 (what an
+    attention under autocast reads); gradients as without it. The interpreter truncates where a
+    GPU rounds: one bf16 ulp there."""
+    q = _randn((2, 4, 5, 32), torch.bfloat16).requires_grad_()
+    k = _randn((2, 2, 5, 32), torch.bfloat16, seed=1).requires_grad_()
+    cos, sin = _cos_sin((2, 5), 16 if convention == "gpt_oss" else 32,
+                        "half" if convention == "gpt_oss" else "cat")
+    wide = rope(q, k, cos, sin, convention=convention)
+    narrow = rope(q, k, cos, sin, convention=convention, dtype=torch.bfloat16)
+    ulp = dict(rtol=2 ** -7, atol=2 ** -7) if INTERPRET else dict(rtol=0, atol=0)
+    for a, b in zip(wide, narrow):
+        assert a.dtype is torch.float32 and b.dtype is torch.bfloat16
+        torch.testing.assert_close(b, a.bfloat16(), **ulp)
+    grads = [_randn(t.shape, torch.bfloat16, seed=5 + i) for i, t in enumerate(narrow)]
+    torch.autograd.backward(narrow, grads)
+    dq, dk = q.grad, k.grad
+    q.grad = k.grad = None
+    torch.autograd.backward(wide, [g.float() for g in grads])
+    assert dq.dtype is q.grad.dtype is torch.bfloat16
+    torch.testing.assert_close(dq, q.grad, rtol=0, atol=0)
+    torch.testing.assert_close(dk, k.grad, rtol=0, atol=0)
+    fp16 = rope(q, k, cos, sin, convention=convention, dtype=torch.float16)
+    assert fp16[0].dtype is fp16[1].dtype is torch.float16
+
+
 def test_cos_sin_gradients_when_they_require_grad():
     q = _randn((2, 3, 4, 20)).requires_grad_()
     k = _randn((2, 1, 4, 20), seed=1).requires_grad_()
@@ -332,6 +359,10 @@ def _t(*shape, dtype=torch.float32):
      {"convention": "neox"}, ValueError, "convention must be one of"),
     (lambda: (_t(1, 2, 3, 8), _t(1, 2, 3, 8), _t(1, 3, 5), _t(1, 3, 5)),
      {"convention": "cohere"}, ValueError, "even width"),
+    (lambda: (_t(1, 2, 3, 8), _t(1, 2, 3, 8), _t(1, 3, 8), _t(1, 3, 8)),
+     {"dtype": "bfloat16"}, TypeError, "dtype must be a torch.dtype"),
+    (lambda: (_t(1, 2, 3, 8), _t(1, 2, 3, 8), _t(1, 3, 8), _t(1, 3, 8)),
+     {"dtype": torch.int32}, ValueError, "dtype must be one of"),
 ])
 def test_bad_input_is_refused_before_launch(args, kwargs, error, match):
     with pytest.raises(error, match=match):

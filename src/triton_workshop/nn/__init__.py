@@ -10,11 +10,13 @@ from .modules import (
     Softmax,
 )
 from .conv import Conv2d
+from .cublas_linear import CublasLinear
 from .rms_norm import RMSNorm
 from .patch import patch
 
 __all__ = [
     "Conv2d",
+    "CublasLinear",
     "LayerNorm",
     "LayerNormLinear",
     "Linear",

@@ -71,7 +71,12 @@ the residual add before it and the casts around it into that kernel, which a sep
 kernel cannot join: in compiled training steps on an H200 the standalone norms on our kernels
 made GPT-2 and a LLaMA slower, while attention and the fused Linear+GELU made them faster
 (docs/results.md). ``compiled=True`` (for a model about to be compiled) leaves each LayerNorm and
-RMSNorm that runs on its own on torch, listed in ``skipped``; the rest is swapped as usual.
+RMSNorm that runs on its own on torch, listed in ``skipped``; the rest is swapped as usual. A plain
+``torch.nn.Linear`` it leaves on cuBLAS becomes a :class:`~triton_workshop.nn.CublasLinear` (a
+subclass with nothing added; still listed in ``skipped``, its products are cuBLAS's): under autocast
+the gradient of its fp32 weight comes out of the GEMM in fp32, where autocast's backward rounds it
+to bf16 and casts it back in a pass of its own (:func:`~triton_workshop.autocast_linear`: a
+compiled LLaMA 1.5B training step on an H200 took 1.4 ms less, docs/results.md).
 
 **Interpreter mode.** Without a GPU the kernels run in Triton's interpreter, 50-90x slower than
 torch on the CPU: ``patch`` says so once a process in an :class:`InterpreterWarning` (a
@@ -121,6 +126,7 @@ from .. import runtime
 from ..ops.layer_norm_linear import layer_norm_linear
 from ..ops.matmul import linear as linear_op
 from . import modules as tw
+from .cublas_linear import CublasLinear
 from .fusion import (
     ACTIVATIONS,
     chain_length,
@@ -202,11 +208,14 @@ class FusedSequential(nn.Sequential):
 class Plan:
     """What ``patch`` will do: ``swaps`` (module, template, kind, name), the Sequentials that
     become :class:`FusedSequential`, the TransformerEncoders taken off the nested-tensor path,
-    and the counts (with ``skipped``)."""
+    the Linears that become :class:`CublasLinear` (``retyped``), and the counts (with
+    ``skipped``)."""
 
     swaps: list = dataclasses.field(default_factory=list)
     sequentials: list = dataclasses.field(default_factory=list)
     encoders: list = dataclasses.field(default_factory=list)
+    #: (module, class) pairs: modules whose class becomes a subclass with no state of its own.
+    retyped: list = dataclasses.field(default_factory=list)
     counts: PatchCounts = dataclasses.field(
         default_factory=lambda: PatchCounts({key: 0 for key in COUNT_KEYS})
     )
@@ -264,6 +273,8 @@ def plan_patch(model: nn.Module, *, kinds: Iterable[str], extra=None, linear: st
         model, plan, fuse_activations=compiled or linear != "auto")
     if linear in ("auto", "fused"):
         _keep_on_torch(plan, "linear", lambda m: id(m) in activation_only, EAGER_LINEAR_ACTIVATION)
+        if compiled:  # plain torch Linears: their autocast backward without the cast pass
+            _keep_as_cublas_linears(plan, lambda m: id(m) not in fused_ids)
         _keep_on_torch(plan, "linear", lambda m: id(m) not in fused_ids, UNFUSED_LINEAR)
     if conv2d == "auto":
         _keep_on_torch(plan, "conv2d", lambda m: True, CUDNN_CONV)
@@ -308,19 +319,38 @@ UNFUSED_LINEAR = PolicyReason(
     "(linear='always' swaps it)"
 )
 
+#: Why a plain Linear of a model to compile stays on cuBLAS, and what it becomes.
+CUBLAS_LINEAR = PolicyReason(
+    "a plain matmul with nothing fused into it: cuBLAS runs it as fast (linear='always' swaps "
+    "it); kept as a CublasLinear (compiled=True): under autocast its fp32 weight's gradient comes "
+    "out of the GEMM in fp32, without a bf16 rounding and a cast pass"
+)
 
-def _keep_on_torch(plan: Plan, kind: str, stays, reason: PolicyReason) -> None:
+
+def _keep_on_torch(plan: Plan, kind: str, stays, reason: PolicyReason) -> list[nn.Module]:
     """Take back the planned swaps of ``kind`` whose target ``stays(target)`` says to leave on
-    torch, listing each in ``skipped`` with ``reason`` (a rule's choice, not a limitation)."""
-    kept = []
+    torch, listing each in ``skipped`` with ``reason`` (a rule's choice, not a limitation);
+    returns those targets."""
+    kept, taken_back = [], []
     for swap in plan.swaps:
         target, _, swap_kind, name = swap
         if swap_kind == kind and stays(target):
             plan.counts[kind] -= 1
             plan.skip(name, kind, reason)
+            taken_back.append(target)
         else:
             kept.append(swap)
     plan.swaps[:] = kept
+    return taken_back
+
+
+def _keep_as_cublas_linears(plan: Plan, stays) -> None:
+    """:func:`_keep_on_torch` for the plain Linears of a model to compile: each
+    ``torch.nn.Linear`` taken back becomes a :class:`CublasLinear` (a subclass stays as it
+    is, and so does one already a CublasLinear)."""
+    plan.retyped.extend((m, CublasLinear) for m in _keep_on_torch(
+        plan, "linear", lambda m: stays(m) and type(m) in (nn.Linear, CublasLinear),
+        CUBLAS_LINEAR))
 
 
 #: Why a LayerNorm stays on torch under ``layer_norm="fused"``.
@@ -444,6 +474,8 @@ def apply_plan(plan: Plan) -> PatchCounts:
         sequential.__class__ = FusedSequential
     for encoder in plan.encoders:
         encoder.use_nested_tensor = False
+    for module, cls in plan.retyped:
+        module.__class__ = cls
     warn_skipped(plan.counts.skipped)
     warn_if_interpreted(bool(plan.swaps))
     return plan.counts

@@ -20,6 +20,7 @@ from torch import nn
 from .. import runtime
 from . import modules as tw
 from .conv import Conv2d
+from .cublas_linear import CublasLinear
 from .patched_attention import PatchedMultiheadAttention
 
 _FLOAT_DTYPES = runtime.FLOAT_DTYPES
@@ -192,7 +193,7 @@ def _rms_norm_classes() -> tuple[type, ...]:
 _RULES = {
     "layer_norm": ((nn.LayerNorm,), _plan_layer_norm, (tw.LayerNorm,)),
     "rms_norm": ((nn.RMSNorm,), _plan_rms_norm, _rms_norm_classes),
-    "linear": (_LINEAR_CLASSES, _plan_linear, (tw.Linear,)),
+    "linear": (_LINEAR_CLASSES + (CublasLinear,), _plan_linear, (tw.Linear,)),
     "conv2d": ((nn.Conv2d,), _plan_conv2d, (Conv2d,)),
     "attention": ((nn.MultiheadAttention,), _plan_attention, (tw.MultiheadAttention,)),
 }

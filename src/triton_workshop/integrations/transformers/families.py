@@ -247,12 +247,30 @@ def patch_mlp(module: nn.Module, recipe: MLPRecipe) -> None:
 # --------------------------------------------------------------------------------------------
 # RoPE: the attention's forward with its module's apply_rotary_pos_emb replaced.
 # --------------------------------------------------------------------------------------------
+def _attention_dtype(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                     sin: torch.Tensor) -> torch.dtype | None:
+    """The dtype the attention reads the rotated q and k in, where the rotation would write them
+    wider: under autocast, q and k in the autocast dtype with transformers' fp32 cos/sin (the
+    products promote to fp32, and every attention a model runs, ours or its own, casts them
+    back to the autocast dtype first). The rotation then writes them in it: the same values the
+    attention reads, half the bytes, no cast pass (the KV cache keeps them so). None elsewhere:
+    the rotation's own dtype, as transformers'."""
+    device_type = q.device.type
+    if not torch.is_autocast_enabled(device_type):
+        return None
+    dtype = torch.get_autocast_dtype(device_type)
+    if q.dtype is dtype and k.dtype is dtype and (cos.dtype is not dtype or sin.dtype is not dtype):
+        return dtype
+    return None
+
+
 def _rope_full_table(q, k, cos, sin, unsqueeze_dim=1):
     """transformers' rotate-half ``apply_rotary_pos_emb`` (Llama's; Phi-3's partial rotary is
     the same call with a narrower table)."""
     from ...ops.rope import rope
 
-    return rope(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+    return rope(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim,
+                dtype=_attention_dtype(q, k, cos, sin))
 
 
 def _rope_half_table(q, k, cos, sin, unsqueeze_dim=1):
@@ -261,7 +279,7 @@ def _rope_half_table(q, k, cos, sin, unsqueeze_dim=1):
     from ...ops.rope import rope
 
     return rope(q, k, torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1),
-                unsqueeze_dim=unsqueeze_dim)  # fmt: skip
+                unsqueeze_dim=unsqueeze_dim, dtype=_attention_dtype(q, k, cos, sin))
 
 
 def _rope_references() -> list[tuple[Callable, tuple[str, Callable], Callable]]:

@@ -29,7 +29,8 @@ from .._common import (
     join_family,
     layout_key,
 )
-from . import dropout, grads, kernels, operands, product, tma, tuning
+from . import autocast_grads, dropout, grads, kernels, operands, product, tma, tuning
+from .autocast_grads import autocast_linear
 from .dropout import dropout_keep_mask as dropout_keep_mask
 from .dropout import dropout_scaled, matmul_dropout_backward
 from .grads import bias_grad, column_major, products
@@ -53,7 +54,8 @@ from .product import (
 from .tuning import TUNING, MatmulTuning
 
 __all__ = [
-    "ACTIVATIONS", "CONFIGS", "MAX_BLOCK", "MatmulTuning", "TUNING", "check_activation",
+    "ACTIVATIONS", "CONFIGS", "MAX_BLOCK", "MatmulTuning", "TUNING", "autocast_linear",
+    "check_activation",
     "check_dropout_p", "dropout_scale_kernel", "grouped_tile", "input_precision",
     "launch_matmul", "linear", "matmul", "matmul_kernel", "matmul_tma_kernel",
     "pad_copy_kernel", "prune_configs", "tf32_enabled",
@@ -569,5 +571,5 @@ class _MatmulPackage(FamilyPackage):
 
 
 #: The family's modules: a name set on the package is set in each of them that holds it.
-join_family(__name__, (tuning, kernels, operands, tma, product, dropout, grads),
+join_family(__name__, (tuning, kernels, operands, tma, product, dropout, grads, autocast_grads),
             {name: moved for name, (_, moved) in _MOVED.items()}, base=_MatmulPackage)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -188,23 +188,25 @@ def _layout_plan(q, k, cos, sin, q_out, k_out, unsqueeze_dim: int, convention: s
 # --------------------------------------------------------------------------------------------
 # Registered ops, autograd.
 # --------------------------------------------------------------------------------------------
-def _rope_outputs(q, k, cos, sin, convention):
+def _rope_outputs(q, k, cos, sin, convention, dtype=None):
     # empty_like keeps q's strides where q is dense (the transposed views models pass): the
     # kernel then writes in the order it reads.
-    return (torch.empty_like(q, dtype=_out_dtype(q, q, cos, sin, convention)),
-            torch.empty_like(k, dtype=_out_dtype(k, q, cos, sin, convention)))
+    return (torch.empty_like(q, dtype=dtype or _out_dtype(q, q, cos, sin, convention)),
+            torch.empty_like(k, dtype=dtype or _out_dtype(k, q, cos, sin, convention)))
 
 
-def _rope_forward_fake(q, k, cos, sin, unsqueeze_dim, convention):
-    return _rope_outputs(q, k, cos, sin, convention)
+def _rope_forward_fake(q, k, cos, sin, unsqueeze_dim, convention, dtype=None):
+    return _rope_outputs(q, k, cos, sin, convention, dtype)
 
 
 # Not on torch's autocast lists (the model's rotation is mul/add/cat): dtypes as without.
 @register_op("rope_forward", fake=_rope_forward_fake)
 def rope_forward(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 unsqueeze_dim: int, convention: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(q_out, k_out)`` (arguments already checked by :func:`rope`)."""
-    q_out, k_out = _rope_outputs(q, k, cos, sin, convention)
+                 unsqueeze_dim: int, convention: str,
+                 dtype: Optional[torch.dtype] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(q_out, k_out)`` (arguments already checked by :func:`rope`), in ``dtype`` where
+    given."""
+    q_out, k_out = _rope_outputs(q, k, cos, sin, convention, dtype)
     _rotate(q, k, cos, sin, q_out, k_out, unsqueeze_dim, convention, backward=False)
     return q_out, k_out
 
@@ -237,7 +239,7 @@ _rotate_back_directly = runtime.launch_directly(_rotate_back)
 
 
 def _rope_setup_context(ctx, inputs, output):
-    q, k, cos, sin, unsqueeze_dim, convention = inputs
+    q, k, cos, sin, unsqueeze_dim, convention = inputs[:6]
     ctx.unsqueeze_dim, ctx.convention = unsqueeze_dim, convention
     ctx.q_dtype, ctx.k_dtype = q.dtype, k.dtype
     # q and k only where cos/sin want a gradient (never in transformers' models).
@@ -257,7 +259,7 @@ def _rope_backward_autograd(ctx, dq_out, dk_out):
         dcos, dsin = _cos_sin_grads((dq_out, dk_out), (q, k), cos, sin, ctx.unsqueeze_dim,
                                     ctx.convention)
     return (dq if need_q else None, dk if need_k else None, dcos if need_cos else None,
-            dsin if need_sin else None, None, None)
+            dsin if need_sin else None) + (None,) * (len(ctx.needs_input_grad) - 4)
 
 
 rope_forward.register_autograd(_rope_backward_autograd, setup_context=_rope_setup_context)
@@ -295,8 +297,12 @@ def _cos_sin_grads(grads, inputs, cos, sin, unsqueeze_dim, convention):
 # --------------------------------------------------------------------------------------------
 # Public function.
 # --------------------------------------------------------------------------------------------
-def _check_args(q, k, cos, sin, unsqueeze_dim, convention) -> int:
+def _check_args(q, k, cos, sin, unsqueeze_dim, convention, dtype=None) -> int:
     """Every argument checked before anything launches; ``unsqueeze_dim`` as an int."""
+    if dtype is not None and not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype or None, got {type(dtype).__name__}")
+    if dtype is not None and dtype not in FLOAT_DTYPES:
+        raise ValueError(f"dtype must be one of {list(FLOAT_DTYPES)} or None, got {dtype}")
     for name, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
         runtime.check_tensor(t, name, dtypes=FLOAT_DTYPES)
     runtime.check_same_device(q=q, k=k, cos=cos, sin=sin)
@@ -360,7 +366,8 @@ def _check_args(q, k, cos, sin, unsqueeze_dim, convention) -> int:
 
 
 def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *,
-         unsqueeze_dim: int = 1, convention: str = "llama") -> tuple[torch.Tensor, torch.Tensor]:
+         unsqueeze_dim: int = 1, convention: str = "llama",
+         dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(q_rotated, k_rotated)``: what transformers' ``apply_rotary_pos_emb(q, k, cos, sin,
     unsqueeze_dim)`` computes, in one Triton kernel for q and k together.
 
@@ -375,18 +382,23 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
 
     fp16/bf16/fp32, mixed as torch promotes them (bf16 q with fp32 cos gives fp32, as in
     transformers); fp32 arithmetic rounded once (transformers rounds each product and the sum
-    in the output dtype: the results agree to an ulp or two of fp16/bf16). Differentiable: the
-    gradient of q and k is the rotation by ``-sin``; cos and sin get theirs too where they
-    require one. Traceable by ``torch.compile``."""
+    in the output dtype: the results agree to an ulp or two of fp16/bf16). ``dtype`` (a
+    floating dtype) writes both outputs in it instead, rounded once: where the rotated q and k
+    go straight to an attention that casts them (under autocast, bf16 q and k with transformers'
+    fp32 cos/sin), the values that attention reads, with half the bytes written and no cast
+    pass between. Differentiable: the gradient of q and k is the rotation by ``-sin``; cos and
+    sin get theirs too where they require one. Traceable by ``torch.compile``."""
     unsqueeze_dim = _CALLS.checked(_call_key, _check_args, q, k, cos, sin, unsqueeze_dim,
-                                   convention)
-    return rope_forward(q, k, cos, sin, unsqueeze_dim, convention)
+                                   convention, dtype)
+    if dtype is None:  # the call without it: today's op call
+        return rope_forward(q, k, cos, sin, unsqueeze_dim, convention)
+    return rope_forward(q, k, cos, sin, unsqueeze_dim, convention, dtype)
 
 
-def _call_key(q, k, cos, sin, unsqueeze_dim, convention):
+def _call_key(q, k, cos, sin, unsqueeze_dim, convention, dtype):
     """Everything the checks read."""
     return (layout_key(q), layout_key(k), layout_key(cos), layout_key(sin), unsqueeze_dim,
-            type(unsqueeze_dim), convention)
+            type(unsqueeze_dim), convention, dtype)
 
 
 #: rope's checked call signatures -> ``unsqueeze_dim`` as the op takes it (an int).
