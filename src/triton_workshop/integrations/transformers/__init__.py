@@ -40,7 +40,8 @@ its config) computes as before. What it changes, each counted under its kind:
   op (the layer's output is the residual stream transformers records and checkpoints).
 * ``rope``: the attention's ``apply_rotary_pos_emb`` (rotate-half, partial rotary, GPT-OSS's half
   table) through :func:`~triton_workshop.ops.rope.rope`, by giving the attention module a forward
-  that calls ours.
+  that calls ours. Under autocast, bf16/fp16 q and k with fp32 cos/sin are rotated into the
+  autocast dtype (``rope(..., dtype=)``), the dtype every attention casts them to first.
 * ``swiglu`` / ``geglu``: gated MLPs (Llama-style ``gate_proj``/``up_proj``/``down_proj``, Phi-3's
   fused ``gate_up_proj``) with the activation and product in one kernel. GPT-OSS's mixture of
   experts stays on torch (listed).
@@ -51,7 +52,8 @@ its config) computes as before. What it changes, each counted under its kind:
   :func:`~triton_workshop.ops.cross_entropy.cross_entropy`.
 * ``attention``: the attention modules on ``attn_implementation="triton_workshop"``.
 * ``layer_norm``, ``linear``, ``conv2d`` as :func:`triton_workshop.nn.patch` (same ``linear=``
-  rule: a plain Linear stays on cuBLAS unless ``linear="always"``), and ``conv1d``: GPT-2's
+  rule: a plain Linear stays on cuBLAS unless ``linear="always"``, under ``compiled=True`` as a
+  :class:`~triton_workshop.nn.CublasLinear`), and ``conv1d``: GPT-2's
   ``Conv1D`` through :func:`triton_workshop.linear`, the MLP's GELU fused into ``c_fc``, and the
   residual dropouts (``resid_pdrop > 0``) of the MLP and the attention into their ``c_proj``'s
   epilogue while the model trains (``fused["linear_dropout"]``).

@@ -4,11 +4,11 @@ writes the gradient of an fp32 weight in fp32 straight from the GEMM.
 Under autocast an fp32 Linear runs in bf16 (or fp16): autocast casts x and the weight down, the
 product's backward makes the weight's gradient in bf16 (the GEMM's fp32 accumulator rounded), and
 the cast's backward turns it back into fp32. That last step is a pass of its own over every
-weight gradient, every step: in a compiled LLaMA 1.5B training step on an H200 the casts took
-1.9 ms, the step 137.7 ms, and with the gradient written in fp32 by the GEMM
-(``torch.mm(..., out_dtype=torch.float32)``, which torch has on CUDA) the step took 135.7 ms
-(docs/results.md). The gradient is also the unrounded sum: the fp32 weight gets the GEMM's fp32
-accumulator where autocast hands it bf16.
+weight gradient, every step: 1.9 ms of a compiled LLaMA 1.5B training step on an H200. With the
+gradient written in fp32 by the GEMM (``torch.mm(..., out_dtype=torch.float32)``, which torch
+has on CUDA and Inductor lowers) the step took 134.5 ms against 135.9, interleaved in one
+process (docs/results.md, 2026-11-29). The gradient is also the unrounded sum: the fp32 weight
+gets the GEMM's fp32 accumulator where autocast hands it bf16.
 
 Everything else is autocast's: the same casts in the forward (x, the weight and the bias to the
 autocast dtype), the same tensors saved (the cast x and weight), x's gradient in the autocast
