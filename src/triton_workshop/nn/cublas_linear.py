@@ -4,9 +4,10 @@ not rounded to bf16 and cast back by a pass of its own).
 
 What ``patch(model, compiled=True)`` makes of a plain Linear it leaves on cuBLAS: nothing is
 fused into its product, so the product stays cuBLAS's, and only the pass after the weight's
-gradient goes. (Eagerly the Linears it leaves stay ``torch.nn.Linear``, as they were.) It is a subclass of ``torch.nn.Linear`` with nothing added (same constructor, parameters,
-state_dict, ``isinstance``); outside autocast, or for a weight already in the autocast dtype, it
-is ``torch.nn.Linear``.
+gradient goes (eagerly the Linears it leaves stay ``torch.nn.Linear``, as they were). It is a
+subclass of ``torch.nn.Linear`` with nothing added (same constructor, parameters, state_dict,
+``isinstance``); outside autocast, or for a weight already in the autocast dtype, it computes
+what ``torch.nn.Linear`` computes, the same way.
 """
 
 from __future__ import annotations
