@@ -111,8 +111,19 @@ def test_bad_input_is_named():
         tw.autocast_linear(rand(2, 4), "w")
     with pytest.raises(TypeError, match="bias must be a torch.Tensor or None"):
         tw.autocast_linear(rand(2, 4), weight, 1.0)
-    with torch.autocast(DEVICE_TYPE, dtype=torch.bfloat16), pytest.raises(RuntimeError):
-        tw.autocast_linear(rand(2, 5), weight)  # F.linear's own refusal
+    vector = rand(4, seed=3)  # F.linear's 1-D weight: torch's own call
+    torch.testing.assert_close(tw.autocast_linear(rand(2, 4), vector), F.linear(rand(2, 4), vector))
+    for autocast in (False, True):
+        with torch.autocast(DEVICE_TYPE, dtype=torch.bfloat16, enabled=autocast):
+            with pytest.raises(ValueError, match="x's last dimension must be weight's"):
+                tw.autocast_linear(rand(2, 5), weight)
+            with pytest.raises(ValueError, match="weight must be 2-D"):
+                tw.autocast_linear(rand(2, 4), rand(3, 4, 1))
+            with pytest.raises(ValueError, match="bias must have shape"):
+                tw.autocast_linear(rand(2, 4), weight, rand(4))
+            if ON_GPU:
+                with pytest.raises(ValueError, match="weight must be on x's device"):
+                    tw.autocast_linear(rand(2, 4), weight.cpu())
 
 
 def test_cuda_weight_gradient_takes_the_fp32_output_gemm(monkeypatch):

@@ -41,16 +41,33 @@ def autocast_linear(x: torch.Tensor, weight: torch.Tensor,
         raise TypeError(f"weight must be a torch.Tensor, got {type(weight).__name__}")
     if bias is not None and not isinstance(bias, torch.Tensor):
         raise TypeError(f"bias must be a torch.Tensor or None, got {type(bias).__name__}")
+    if weight.dim() == 1:  # F.linear's vector weight: torch's own call, checks and all
+        return F.linear(x, weight, bias)
+    _check_shapes(x, weight, bias)
     device_type = x.device.type
     if not torch.is_autocast_enabled(device_type):
         return F.linear(x, weight, bias)
     dtype = torch.get_autocast_dtype(device_type)
     if (weight.dtype is dtype or weight.dtype not in _CAST or x.dtype not in _CAST
-            or weight.dim() != 2 or x.dim() == 0 or x.shape[-1] != weight.shape[1]
-            or weight.device != x.device or (bias is not None and bias.dtype not in _CAST)):
-        # Nothing to gain, or a call F.linear refuses with its own message.
-        return F.linear(x, weight, bias)
+            or (bias is not None and bias.dtype not in _CAST)):
+        return F.linear(x, weight, bias)  # nothing for autocast to cast back
     return _AutocastLinear.apply(x, weight, bias, dtype)
+
+
+def _check_shapes(x, weight, bias) -> None:
+    """What F.linear would refuse from inside torch, refused here by name."""
+    if weight.dim() != 2:
+        raise ValueError(f"weight must be 2-D (out_features, in_features) or 1-D, got shape "
+                         f"{tuple(weight.shape)}")
+    if x.dim() == 0 or x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"x's last dimension must be weight's in_features {weight.shape[1]}, "
+                         f"got x of shape {tuple(x.shape)}")
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        raise ValueError(f"bias must have shape ({weight.shape[0]},) (weight's out_features), "
+                         f"got {tuple(bias.shape)}")
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and t.device != x.device:
+            raise ValueError(f"{name} must be on x's device {x.device}, got {t.device}")
 
 
 def weight_grad(grad_rows: torch.Tensor, x_rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
