@@ -352,6 +352,9 @@ def case_glu(device):
     half = dict(dtype=torch.float16, device=device, grad=True)
     _backward(tw.swiglu(_randn(5003, **half), _randn(5003, **half)))
     _backward(tw.geglu(_randn(3, 1001, **half), _randn(3, 1001, **half)))
+    from triton_workshop.ops.glu import glu_halves  # one gradient for both halves
+
+    _backward(glu_halves(_randn(7, 2 * 301, **half)))
 
 
 def case_cross_entropy(device):

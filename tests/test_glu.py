@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import triton_workshop  # noqa: F401  (decides interpreter-or-GPU before the kernels import)
-from triton_workshop.ops.glu import geglu, swiglu
+from triton_workshop.ops.glu import geglu, glu_halves, swiglu
 from triton_workshop.runtime import DEVICE, INTERPRET
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -124,6 +124,101 @@ def test_halves_of_a_fused_projection_are_read_in_place(nan_outputs, name):
     ref_gate, ref_up = ref_fused.chunk(2, dim=-1)
     ref, = torch.autograd.grad(ACTIVATIONS[name][1](ref_gate, ref_up), ref_fused, dout.double())
     torch.testing.assert_close(grad.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+#: glu_halves's activation for each of ACTIVATIONS.
+HALVES = {"swiglu": "silu", "geglu_tanh": "gelu_tanh", "geglu_none": "gelu"}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(1, 2), (7, 2 * 5), (3, 37, 2 * 53), (2, 2 * 1000)], ids=str)
+@pytest.mark.parametrize("name", list(ACTIVATIONS))
+def test_glu_halves_is_the_glu_of_the_chunks(nan_outputs, name, shape, dtype):
+    """glu_halves(x) = act(gate) * up for gate, up = x.chunk(2, -1): values and x's gradient,
+    one tensor written whole (poisoned allocations show any element left out), against float64
+    torch; a strided x too."""
+    x = _randn(*shape, dtype=dtype).requires_grad_()
+    out = glu_halves(x, HALVES[name])
+    x64 = x.detach().double().requires_grad_()
+    ref = ACTIVATIONS[name][1](*x64.chunk(2, dim=-1))
+    assert out.shape == ref.shape and out.dtype == dtype and out.is_contiguous()
+    torch.testing.assert_close(out.double(), ref, **TOL[dtype])
+    dout = _randn(*out.shape, dtype=dtype, seed=9, scale=1.0)
+    grad, = torch.autograd.grad(out, x, dout)
+    ref_grad, = torch.autograd.grad(ref, x64, dout.double())
+    assert grad.dtype == dtype and grad.shape == x.shape
+    tol = TOL[dtype]
+    scale = float(ref_grad.abs().max())
+    torch.testing.assert_close(grad.double(), ref_grad, rtol=4 * tol["rtol"],
+                               atol=4 * tol["atol"] + 4 * tol["rtol"] * scale)
+    if len(shape) == 2 and shape[0] > 1:  # strided: every other row of a taller tensor
+        tall = _randn(2 * shape[0], shape[1], dtype=dtype, seed=3).requires_grad_()
+        rows = tall[::2]
+        out = glu_halves(rows, HALVES[name])
+        torch.testing.assert_close(out, glu_halves(rows.detach().contiguous(), HALVES[name]))
+        grad, = torch.autograd.grad(out, tall, dout)
+        assert grad[1::2].abs().max() == 0
+        ref_rows = rows.detach().double().requires_grad_()
+        ref_grad, = torch.autograd.grad(ACTIVATIONS[name][1](*ref_rows.chunk(2, dim=-1)),
+                                        ref_rows, dout.double())
+        torch.testing.assert_close(grad[::2].double(), ref_grad, rtol=4 * tol["rtol"],
+                                   atol=4 * tol["atol"] + 4 * tol["rtol"] * scale)
+
+
+def _graph_nodes(fn) -> list[str]:
+    names, todo = [], [fn]
+    while todo:
+        node = todo.pop()
+        if node is not None:
+            names.append(type(node).__name__)
+            todo.extend(next_fn for next_fn, _ in node.next_functions)
+    return names
+
+
+def test_glu_halves_writes_one_gradient_without_a_cat():
+    """x's gradient comes straight from the GLU's backward: no split of x in the graph (whose
+    backward would copy the two halves' gradients together), as there is for the chunks."""
+    x = _randn(4, 2 * 24).requires_grad_()
+    ours = _graph_nodes(glu_halves(x).grad_fn)
+    chunked = _graph_nodes(swiglu(*x.chunk(2, dim=-1)).grad_fn)
+    assert any("Split" in name for name in chunked)
+    assert not any("Split" in name or "Cat" in name for name in ours)
+    assert ours[-1] == "AccumulateGrad" and len(ours) == 2
+
+
+@pytest.mark.parametrize("shape", [(0, 8), (3, 0), (2, 0, 6)], ids=str)
+def test_glu_halves_empty(shape):
+    x = torch.zeros(shape, device=DEVICE, requires_grad=True)
+    out = glu_halves(x)
+    assert out.shape == (*shape[:-1], shape[-1] // 2)
+    out.sum().backward()
+    assert x.grad.shape == x.shape
+
+
+def test_glu_halves_refuses_bad_input():
+    with pytest.raises(TypeError, match="gate_up must be a torch.Tensor"):
+        glu_halves([1.0, 2.0])
+    with pytest.raises(ValueError, match="last dimension must be even"):
+        glu_halves(_randn(3, 5))
+    with pytest.raises(ValueError, match="activation must be one of"):
+        glu_halves(_randn(3, 4), "relu")
+    with pytest.raises(TypeError, match="activation must be a str"):
+        glu_halves(_randn(3, 4), None)
+    with pytest.raises(TypeError, match="gate_up must have dtype"):
+        glu_halves(_randn(3, 4).double())
+
+
+@pytest.mark.slow  # a CPU compile of forward and backward
+def test_glu_halves_compiles_in_one_graph():
+    x = _randn(5, 2 * 16).requires_grad_()
+    x2 = x.detach().clone().requires_grad_()
+    compiled = torch.compile(lambda t: glu_halves(t, "gelu_tanh"), fullgraph=True)
+    out, ref = compiled(x), glu_halves(x2, "gelu_tanh")
+    torch.testing.assert_close(out, ref)
+    dout = _randn(*out.shape, seed=4)
+    out.backward(dout)
+    ref.backward(dout)
+    torch.testing.assert_close(x.grad, x2.grad)
 
 
 def test_strided_views_and_strided_gradient(nan_outputs):
@@ -284,8 +379,7 @@ def test_kept_signature_values_and_grads_on_fresh_data(nan_outputs, name):
     forward and backward): values and gradients against float64 torch each time; contiguous
     operands, mixed dtypes, the strided halves of a fused projection, a gradient of float64
     (autograd casts it first) and a strided one."""
-    from triton_workshop.ops import glu as glu_module
-
+    
     glu_module._READY.clear()
     for seed in range(4):
         for gate_dtype, up_dtype in ((torch.bfloat16, torch.bfloat16),

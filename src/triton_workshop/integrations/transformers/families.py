@@ -235,8 +235,14 @@ def _gated_mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
 
 
 def _fused_gate_up_mlp_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-    gate, up = self.gate_up_proj(hidden_states).chunk(2, dim=-1)
-    return self.down_proj(_glu(self._triton_workshop_recipe, gate, up))
+    from ...ops.glu import glu_halves
+
+    # The projection's two halves read in place, their gradient written as one tensor (a
+    # chunk's backward would copy two together).
+    recipe = self._triton_workshop_recipe
+    activation = ("silu" if recipe.glu == "swiglu" else
+                  "gelu_tanh" if recipe.approximate == "tanh" else "gelu")
+    return self.down_proj(glu_halves(self.gate_up_proj(hidden_states), activation))
 
 
 def patch_mlp(module: nn.Module, recipe: MLPRecipe) -> None:

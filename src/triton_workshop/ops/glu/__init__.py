@@ -55,27 +55,37 @@ def _as_rows(*tensors: torch.Tensor) -> tuple[list[torch.Tensor], int, int]:
     return views, views[0].shape[0], n_cols
 
 
-def _find_plan(kernel, inputs: tuple, out_dtypes: tuple, activation: int):
+def _find_plan(kernel, inputs: tuple, out_dtypes: tuple, activation: int,
+               grad_row_stride: int | None = None):
     """``(plan, reshape)``: the launch of ``kernel`` over the inputs (of one shape, not empty)
     seen as rows (:func:`_as_rows`), and whether the inputs must be reshaped into rows at each
     launch (a copy; otherwise the plan launches the tensors themselves: a view starts where its
-    tensor starts). Looked up by every shape, stride and dtype the launch reads."""
+    tensor starts). Looked up by every shape, stride and dtype the launch reads. The backward's
+    gradients are contiguous, or (``grad_row_stride``) rows of that many elements."""
     key = (kernel, inputs[0].shape, *[t.stride() for t in inputs], *[t.dtype for t in inputs],
-           *out_dtypes, activation)
-    return _LAUNCHES.found(TUNING, key, lambda: _new_launch(kernel, inputs, out_dtypes, activation))
+           *out_dtypes, activation, grad_row_stride)
+    return _LAUNCHES.found(TUNING, key, lambda: _new_launch(kernel, inputs, out_dtypes, activation,
+                                                            grad_row_stride))
 
 
-def _new_launch(kernel, inputs: tuple, out_dtypes: tuple, activation: int):
+def _new_launch(kernel, inputs: tuple, out_dtypes: tuple, activation: int,
+                grad_row_stride: int | None):
     """:func:`_find_plan`'s ``(plan, reshape)``, worked out."""
     views, n_rows, n_cols = _as_rows(*inputs)
-    return (_plan(kernel, n_rows, n_cols, _strides(views), activation,
+    strides = _strides(views)
+    if kernel is glu_bwd_kernel:
+        strides += (n_cols if grad_row_stride is None else grad_row_stride,)
+    return (_plan(kernel, n_rows, n_cols, strides, activation,
                   (*[t.dtype for t in inputs], *out_dtypes), TUNING),
             not _views_of(inputs, n_cols))
 
 
-def _launch(kernel, inputs: tuple, outputs: tuple, activation: int) -> None:
-    """``kernel`` over the inputs, writing the contiguous outputs (:func:`_find_plan`)."""
-    plan, reshape = _find_plan(kernel, inputs, tuple([t.dtype for t in outputs]), activation)
+def _launch(kernel, inputs: tuple, outputs: tuple, activation: int,
+            grad_row_stride: int | None = None) -> None:
+    """``kernel`` over the inputs, writing the outputs (contiguous, or rows of
+    ``grad_row_stride`` elements: :func:`_find_plan`)."""
+    plan, reshape = _find_plan(kernel, inputs, tuple([t.dtype for t in outputs]), activation,
+                               grad_row_stride)
     with runtime.device_guard(inputs[0]):
         plan.launch(*(_as_rows(*inputs)[0] if reshape else inputs), *outputs)
 
@@ -153,6 +163,11 @@ def _glu_forward_fake(gate, up, activation):
 def glu_forward(gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.Tensor:
     """``act(gate) * up`` for ``activation`` in :data:`ACTIVATIONS` (arguments already checked by
     the public functions); the result is contiguous."""
+    return _glu_out(gate, up, activation)
+
+
+def _glu_out(gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.Tensor:
+    """:func:`glu_forward`'s launch, for it and for :func:`glu_halves_forward`."""
     plan, reshape, out_dtype = _forward_launch(gate, up, ACTIVATIONS[activation])
     out = torch.empty_like(gate, dtype=out_dtype, memory_format=torch.contiguous_format)
     if plan is None:  # nothing to compute
@@ -268,6 +283,59 @@ glu_forward.register_planned_forward(_glu_forward_planned, _glu_backward_kept)
 
 
 # --------------------------------------------------------------------------------------------
+# The halves of one tensor (a fused gate/up projection's output): one gradient, no cat.
+# --------------------------------------------------------------------------------------------
+def _halves(gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    half = gate_up.shape[-1] // 2
+    return gate_up[..., :half], gate_up[..., half:]
+
+
+def _glu_halves_fake(gate_up, activation):
+    gate, up = _halves(gate_up)
+    return _glu_forward_fake(gate, up, activation)
+
+
+@register_op("glu_halves_forward", fake=_glu_halves_fake)
+def glu_halves_forward(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
+    """``act(gate) * up`` for ``gate, up = gate_up.chunk(2, -1)`` (checked by
+    :func:`glu_halves`), each half read in place; the result is contiguous."""
+    return _glu_out(*_halves(gate_up), activation)
+
+
+def _glu_halves_backward_fake(dout, gate_up, activation):
+    return torch.empty_like(gate_up, memory_format=torch.contiguous_format)
+
+
+@register_op("glu_halves_backward", fake=_glu_halves_backward_fake)
+def glu_halves_backward(dout: torch.Tensor, gate_up: torch.Tensor,
+                        activation: str) -> torch.Tensor:
+    """The gradient of ``gate_up``: the kernel writes ``dgate`` and ``dup`` into the two halves
+    of one tensor, which autograd's backward of ``chunk`` would otherwise copy together."""
+    grad = torch.empty_like(gate_up, memory_format=torch.contiguous_format)
+    if grad.numel() == 0:
+        return grad
+    half = gate_up.shape[-1] // 2
+    _launch(glu_bwd_kernel, (dout, *_halves(gate_up)), _halves(grad), ACTIVATIONS[activation],
+            grad_row_stride=2 * half)
+    return grad
+
+
+def _glu_halves_setup_context(ctx, inputs, output):
+    gate_up, activation = inputs
+    ctx.save_for_backward(gate_up)  # act(gate) is recomputed, as for glu_forward
+    ctx.activation = activation
+
+
+def _glu_halves_backward_autograd(ctx, dout):
+    (gate_up,) = ctx.saved_tensors
+    return glu_halves_backward(dout.contiguous(), gate_up, ctx.activation), None
+
+
+glu_halves_forward.register_autograd(_glu_halves_backward_autograd,
+                                     setup_context=_glu_halves_setup_context)
+
+
+# --------------------------------------------------------------------------------------------
 # Public functions.
 # --------------------------------------------------------------------------------------------
 def _check(gate, up) -> None:
@@ -349,6 +417,24 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     torch's ``*``); fp32 arithmetic, one rounding. Differentiable: the backward saves ``gate``
     and ``up`` and recomputes the SiLU. Traceable by ``torch.compile``."""
     return _glu(gate, up, _SILU)
+
+
+def glu_halves(gate_up: torch.Tensor, activation: str = "silu") -> torch.Tensor:
+    """``act(gate) * up`` for ``gate, up = gate_up.chunk(2, dim=-1)``: the gated MLP of a model
+    whose gate and up projections are one Linear (Phi-3's ``gate_up_proj``), ``activation``
+    ``"silu"`` (SwiGLU), ``"gelu"`` or ``"gelu_tanh"`` (GeGLU). Each half is read in place; the
+    backward writes ``gate_up``'s gradient as one tensor, where ``swiglu(*gate_up.chunk(2, -1))``
+    makes two that autograd then copies together (a pass over the whole gradient). fp16/bf16/
+    fp32, fp32 arithmetic; ``gate_up``'s last dimension must be even."""
+    runtime.check_tensor(gate_up, "gate_up", dtypes=FLOAT_DTYPES)
+    if not isinstance(activation, str):
+        raise TypeError(f"activation must be a str, got {type(activation).__name__}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {list(ACTIVATIONS)}, got {activation!r}")
+    if gate_up.dim() == 0 or gate_up.shape[-1] % 2:
+        raise ValueError(f"gate_up's last dimension must be even (gate and up side by side), got "
+                         f"shape {tuple(gate_up.shape)}")
+    return glu_halves_forward(gate_up, activation)
 
 
 def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:

@@ -84,18 +84,20 @@ def glu_bwd_kernel(
     dout_ptr, gate_ptr, up_ptr, dgate_ptr, dup_ptr,
     n_rows, n_cols,
     dout_row_stride, dout_col_stride, gate_row_stride, gate_col_stride,
-    up_row_stride, up_col_stride,
+    up_row_stride, up_col_stride, grad_row_stride,
     ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """``dgate = dout * up * act'(gate)`` and ``dup = dout * act(gate)`` over one tile, with
-    ``act`` recomputed; ``dgate`` and ``dup`` are contiguous."""
+    ``act`` recomputed; ``dgate`` and ``dup`` are rows of ``grad_row_stride`` elements (the
+    row's length for contiguous gradients; twice it for the two halves of one gradient of a
+    fused gate/up projection)."""
     rows, cols, mask = _tile(n_rows, n_cols, BLOCK_M, BLOCK_N)
     dout = tl.load(dout_ptr + rows * dout_row_stride + cols * dout_col_stride, mask=mask)
     gate = tl.load(gate_ptr + rows * gate_row_stride + cols * gate_col_stride, mask=mask)
     up = tl.load(up_ptr + rows * up_row_stride + cols * up_col_stride, mask=mask)
     dout = dout.to(tl.float32)
     act, act_grad = activation_and_grad(gate.to(tl.float32), ACTIVATION)
-    offs = rows * n_cols + cols
+    offs = rows * grad_row_stride + cols
     tl.store(dgate_ptr + offs, (dout * up.to(tl.float32) * act_grad).to(dgate_ptr.dtype.element_ty),
              mask=mask)
     tl.store(dup_ptr + offs, (dout * act).to(dup_ptr.dtype.element_ty), mask=mask)
