@@ -379,7 +379,8 @@ def test_kept_signature_values_and_grads_on_fresh_data(nan_outputs, name):
     forward and backward): values and gradients against float64 torch each time; contiguous
     operands, mixed dtypes, the strided halves of a fused projection, a gradient of float64
     (autograd casts it first) and a strided one."""
-    
+    from triton_workshop.ops import glu as glu_module
+
     glu_module._READY.clear()
     for seed in range(4):
         for gate_dtype, up_dtype in ((torch.bfloat16, torch.bfloat16),
