@@ -497,3 +497,42 @@ def test_under_autocast_rope_writes_what_the_attention_reads(family, monkeypatch
     seen.clear()
     model(input_ids=ids)  # without autocast: transformers' dtypes (fp32 here)
     assert seen and all(s[2] is None and s[3] is torch.float32 for s in seen)
+
+
+@pytest.mark.parametrize("family", ["llama", "phi3"])
+def test_mlp_projections_run_as_autocast_linear_unless_hooked(family, monkeypatch):
+    """A patched gated MLP computes its plain Linears' products through autocast_linear (under
+    autocast an fp32 weight's gradient comes from the GEMM in fp32), the Linears themselves
+    unchanged; a Linear with a hook is called as a module, so the hook runs. Values, loss and
+    gradients stay the unpatched model's under autocast."""
+    model = build(family)
+    reference = copy.deepcopy(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InterpreterWarning)
+        hf.patch_model(model)
+    mlp = model.model.layers[0].mlp
+    linears = [m for m in mlp.children() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(type(m) is torch.nn.Linear for m in linears)  # left as they were
+    matmul = importlib.import_module("triton_workshop.ops.matmul")
+    original = matmul.autocast_linear
+    products = []
+
+    def spy(x, weight, bias=None):
+        products.append(weight.shape)
+        return original(x, weight, bias)
+
+    monkeypatch.setattr(matmul, "autocast_linear", spy)
+    ids = tokens()
+    with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
+        out = model(input_ids=ids, labels=ids, return_logits=True)
+        ref = reference(input_ids=ids, labels=ids)
+    per_layer = 3 if family == "llama" else 2  # gate, up, down / gate_up, down
+    assert len(products) == per_layer * COMMON["num_hidden_layers"]
+    tol = dict(rtol=5e-2, atol=5e-2)
+    torch.testing.assert_close(out.logits.float(), ref.logits.float(), **tol)
+    assert_same_gradients(model, reference, out.loss, ref.loss, **tol)
+    seen = []
+    linears[0].register_forward_hook(lambda module, args, output: seen.append(output.shape))
+    products.clear()
+    model(input_ids=ids)
+    assert len(seen) == 1 and len(products) == per_layer * COMMON["num_hidden_layers"] - 1

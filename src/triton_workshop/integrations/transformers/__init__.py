@@ -43,8 +43,9 @@ its config) computes as before. What it changes, each counted under its kind:
   that calls ours. Under autocast, bf16/fp16 q and k with fp32 cos/sin are rotated into the
   autocast dtype (``rope(..., dtype=)``), the dtype every attention casts them to first.
 * ``swiglu`` / ``geglu``: gated MLPs (Llama-style ``gate_proj``/``up_proj``/``down_proj``, Phi-3's
-  fused ``gate_up_proj``) with the activation and product in one kernel. GPT-OSS's mixture of
-  experts stays on torch (listed).
+  fused ``gate_up_proj``) with the activation and product in one kernel; their plain Linears'
+  products through :func:`~triton_workshop.autocast_linear` (the modules unchanged; one with a
+  hook is called as it is). GPT-OSS's mixture of experts stays on torch (listed).
 * ``cross_entropy``: the causal-LM loss when called with ``labels`` (see :mod:`.loss`; the output
   then has ``logits=None``; ``return_logits=True`` gives the model's own head, its logits' loss
   still on our kernel). Under ``compiled=True``, and for a model the fused loss cannot take

@@ -229,9 +229,22 @@ def _glu(recipe: MLPRecipe, gate: torch.Tensor, up: torch.Tensor) -> torch.Tenso
     return geglu(gate, up, approximate=recipe.approximate)
 
 
+def _project(linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``linear(x)``; for a plain ``torch.nn.Linear`` with no hook and its class's forward, the
+    same product through :func:`~triton_workshop.autocast_linear`, whose backward under
+    autocast writes the fp32 weight's gradient in fp32 from the GEMM (no cast pass). The module
+    itself stays as it is (``patch`` keeps the Linears it leaves on torch unchanged)."""
+    if type(linear) is nn.Linear and not has_hooks(linear) and "forward" not in vars(linear):
+        from ...ops.matmul import autocast_linear
+
+        return autocast_linear(x, linear.weight, linear.bias)
+    return linear(x)
+
+
 def _gated_mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
     recipe = self._triton_workshop_recipe
-    return self.down_proj(_glu(recipe, self.gate_proj(x), self.up_proj(x)))
+    gate, up = _project(self.gate_proj, x), _project(self.up_proj, x)
+    return _project(self.down_proj, _glu(recipe, gate, up))
 
 
 def _fused_gate_up_mlp_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -242,7 +255,8 @@ def _fused_gate_up_mlp_forward(self, hidden_states: torch.Tensor) -> torch.Tenso
     recipe = self._triton_workshop_recipe
     activation = ("silu" if recipe.glu == "swiglu" else
                   "gelu_tanh" if recipe.approximate == "tanh" else "gelu")
-    return self.down_proj(glu_halves(self.gate_up_proj(hidden_states), activation))
+    gate_up = _project(self.gate_up_proj, hidden_states)
+    return _project(self.down_proj, glu_halves(gate_up, activation))
 
 
 def patch_mlp(module: nn.Module, recipe: MLPRecipe) -> None:
