@@ -122,7 +122,7 @@ def test_bad_input_is_named():
             with pytest.raises(ValueError, match="bias must have shape"):
                 tw.autocast_linear(rand(2, 4), weight, rand(4))
             if ON_GPU:
-                with pytest.raises(ValueError, match="weight must be on x's device"):
+                with pytest.raises(ValueError, match="weight is on cpu but x is on cuda"):
                     tw.autocast_linear(rand(2, 4), weight.cpu())
 
 

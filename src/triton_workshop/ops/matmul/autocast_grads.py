@@ -24,8 +24,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-#: The dtypes autocast casts (float64 it leaves alone).
-_CAST = (torch.float32, torch.float16, torch.bfloat16)
+from ... import runtime
+
+#: The dtypes autocast casts (float64 it leaves alone): the library's float dtypes.
+_CAST = runtime.FLOAT_DTYPES
 #: Whether this torch has ``torch.mm(a, b, out_dtype=...)`` (``aten::mm.dtype``; CUDA only).
 _MM_OUT_DTYPE = "dtype" in torch.ops.aten.mm.overloads()
 
@@ -65,9 +67,7 @@ def _check_shapes(x, weight, bias) -> None:
     if bias is not None and tuple(bias.shape) != (weight.shape[0],):
         raise ValueError(f"bias must have shape ({weight.shape[0]},) (weight's out_features), "
                          f"got {tuple(bias.shape)}")
-    for name, t in (("weight", weight), ("bias", bias)):
-        if t is not None and t.device != x.device:
-            raise ValueError(f"{name} must be on x's device {x.device}, got {t.device}")
+    runtime.check_same_device(x=x, weight=weight, bias=bias)
 
 
 def weight_grad(grad_rows: torch.Tensor, x_rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
