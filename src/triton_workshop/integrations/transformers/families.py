@@ -199,6 +199,13 @@ class MLPRecipe:
     glu: str  # "swiglu" or "geglu"
     approximate: str | None
 
+    @property
+    def activation(self) -> str:
+        """The gate's activation as :func:`~triton_workshop.ops.glu.glu_halves` names it."""
+        if self.glu == "swiglu":
+            return "silu"
+        return "gelu_tanh" if self.approximate == "tanh" else "gelu"
+
 
 def mlp_recipe(module: nn.Module) -> tuple[MLPRecipe | None, str | None]:
     """The recipe of a gated MLP whose forward is Llama's or Phi-3's, or (None, why not) for a
@@ -252,11 +259,8 @@ def _fused_gate_up_mlp_forward(self, hidden_states: torch.Tensor) -> torch.Tenso
 
     # The projection's two halves read in place, their gradient written as one tensor (a
     # chunk's backward would copy two together).
-    recipe = self._triton_workshop_recipe
-    activation = ("silu" if recipe.glu == "swiglu" else
-                  "gelu_tanh" if recipe.approximate == "tanh" else "gelu")
     gate_up = _project(self.gate_up_proj, hidden_states)
-    return _project(self.down_proj, glu_halves(gate_up, activation))
+    return _project(self.down_proj, glu_halves(gate_up, self._triton_workshop_recipe.activation))
 
 
 def patch_mlp(module: nn.Module, recipe: MLPRecipe) -> None:
