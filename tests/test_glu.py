@@ -179,8 +179,10 @@ def test_glu_halves_writes_one_gradient_without_a_cat():
     """x's gradient comes straight from the GLU's backward: no split of x in the graph (whose
     backward would copy the two halves' gradients together), as there is for the chunks."""
     x = _randn(4, 2 * 24).requires_grad_()
-    ours = _graph_nodes(glu_halves(x).grad_fn)
-    chunked = _graph_nodes(swiglu(*x.chunk(2, dim=-1)).grad_fn)
+    # The outputs are kept: a custom Function's node lives only as long as its output.
+    out, out_chunked = glu_halves(x), swiglu(*x.chunk(2, dim=-1))
+    ours = _graph_nodes(out.grad_fn)
+    chunked = _graph_nodes(out_chunked.grad_fn)
     assert any("Split" in name for name in chunked)
     assert not any("Split" in name or "Cat" in name for name in ours)
     assert ours[-1] == "AccumulateGrad" and len(ours) == 2

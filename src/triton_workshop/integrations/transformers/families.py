@@ -28,6 +28,10 @@ from torch import nn
 
 from ...nn.patch import has_hooks
 
+# Imported here, not in the forward that calls it: torch 2.11's Dynamo cannot trace an import of
+# a family package whose module class is the family's own (it is "not a Python module" there).
+from ...ops.matmul import autocast_linear
+
 
 # --------------------------------------------------------------------------------------------
 # Same code.
@@ -242,8 +246,6 @@ def _project(linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
     autocast writes the fp32 weight's gradient in fp32 from the GEMM (no cast pass). The module
     itself stays as it is (``patch`` keeps the Linears it leaves on torch unchanged)."""
     if type(linear) is nn.Linear and not has_hooks(linear) and "forward" not in vars(linear):
-        from ...ops.matmul import autocast_linear
-
         return autocast_linear(x, linear.weight, linear.bias)
     return linear(x)
 
