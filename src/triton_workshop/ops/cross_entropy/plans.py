@@ -43,11 +43,13 @@ def forward_plan(n_rows, n_cols, dtypes, x_strides, target_stride, grad_row_stri
     back every step. ``dtypes``: of the launch's tensors, part of the key because a plan keeps
     its compiled launch (the kernel is compiled per dtype)."""
     tile = chunk_tile(n_cols, tuning.chunk_cols)
+    num_warps = tile.num_warps if compute_grad else tuning.forward_num_warps or tile.num_warps
     return LaunchPlan(
         cross_entropy_fwd_kernel, (n_rows,),
         (n_cols, *x_strides, target_stride, grad_row_stride, ignore_index, smoothing),
         dict(SMOOTHING=smoothing > 0, COMPUTE_GRAD=compute_grad, MEAN=compute_grad and mean,
-             STORE_LSE=store_lse, UNIT_COLS=x_strides[1] == 1, BLOCK_N=tile.block_cols, num_warps=tile.num_warps))
+             STORE_LSE=store_lse, UNIT_COLS=x_strides[1] == 1, BLOCK_N=tile.block_cols,
+             num_warps=num_warps))
 
 
 @plan_cache()
