@@ -121,12 +121,15 @@ def _check(q, k, cos, sin, unsqueeze_dim=1, convention="llama", reference=None):
         torch.testing.assert_close(g.double(), r, rtol=4 * tol["rtol"], atol=tol["atol"] + scale)
 
 
-@pytest.fixture(params=["by halves", "lane by lane"])
+@pytest.fixture(params=["by halves", "by halves in tiles", "lane by lane"])
 def rotate_half_path(request, monkeypatch):
-    """Both ways the kernel reads rotate_half's pairs: two contiguous halves of each head (the
-    default for an even rotated width), or each lane with its gathered partner (odd widths)."""
+    """Every way the kernel reads rotate_half's pairs: two contiguous halves of each head (the
+    default for an even rotated width), all of a token's heads in one step where they fit and
+    every lane rotates, or a tile of heads at a time; or each lane with its gathered partner
+    (odd widths)."""
     monkeypatch.setattr(rope_ops, "TUNING", dataclasses.replace(
-        rope_ops.TUNING, by_halves=request.param == "by halves"))
+        rope_ops.TUNING, by_halves=request.param != "lane by lane",
+        token_tile_elems=rope_ops.TUNING.token_tile_elems if request.param == "by halves" else 0))
     return request.param
 
 
@@ -151,7 +154,7 @@ def test_heads_in_several_tiles(nan_outputs, rotate_half_path, monkeypatch, head
     heads take four): here 2 heads a tile, q's 5 heads in three tiles and k's 3 in two, the last
     of each ragged."""
     monkeypatch.setattr(rope_ops, "TUNING", dataclasses.replace(
-        rope_ops.TUNING, tile_elems=2 * triton.next_power_of_2(head_dim)))
+        rope_ops.TUNING, tile_elems=2 * triton.next_power_of_2(head_dim), token_tile_elems=0))
     q = _randn((2, 3, 5, head_dim)).transpose(1, 2).requires_grad_()
     k = _randn((2, 3, 3, head_dim), seed=1).transpose(1, 2).requires_grad_()
     cos, sin = _cos_sin((2, 3), rot)
@@ -369,10 +372,25 @@ def test_bad_input_is_refused_before_launch(args, kwargs, error, match):
         rope(*args(), **kwargs)
 
 
+def test_one_step_only_where_offsets_within_a_token_fit_int32():
+    """The one-step path indexes a token's heads with int32 offsets: a layout whose heads lie
+    2**31 elements apart or more takes the tiles (int64) instead. Only the plan is asked for:
+    no tensor that large is made."""
+    def plan(head_stride):
+        strides = (2**40, 4096, head_stride, 1) * 4 + (4096 * 64, 64, 1) * 2
+        return rope_ops._plan(4, 2, 32, 8, 128, 128, strides, "llama", False,
+                              (torch.bfloat16,) * 6, rope_ops.TUNING)
+    assert plan(128).consts["ONE_STEP"]
+    assert not plan(2**27).consts["ONE_STEP"]  # 31 heads x 2**27 > 2**31
+
+
 @gpu_only
 @pytest.mark.gpu
-def test_llama_sizes_on_the_gpu():
+@pytest.mark.parametrize("token_tile_elems", [8192, 0], ids=["one step", "tiles"])
+def test_llama_sizes_on_the_gpu(monkeypatch, token_tile_elems):
     # A Llama-3-8B attention block's shapes (32 q heads, 8 kv heads, head_dim 128) in bf16.
+    monkeypatch.setattr(rope_ops, "TUNING", dataclasses.replace(
+        rope_ops.TUNING, token_tile_elems=token_tile_elems))
     q = torch.randn(2, 300, 32, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
     k = torch.randn(2, 300, 8, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
     q.requires_grad_()

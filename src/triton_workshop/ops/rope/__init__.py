@@ -74,6 +74,14 @@ class RopeTuning:
     by_halves: bool = True
     #: Warps a program; 0: :func:`~triton_workshop.runtime.num_warps_for` the tile.
     num_warps: int = 0
+    #: rotate_half by halves, every lane rotated: where a token's q and k heads together take
+    #: at most this many elements (power-of-two head counts x head_dim), one step rotates them
+    #: all, every load issued before a store, on ``token_num_warps`` warps (Llama's 32 + 8 heads
+    #: of 128: 5120). Measured on an H200 at 4 x 4096 tokens, 32/8 heads of 128, bf16, in CUDA
+    #: graphs (docs/results.md, 2026-11-29): 84 us forward, 168 forward + backward, against 87
+    #: and 174 in tiles of ``tile_elems`` (4 warps: 85 and 171; 16 warps: 91 and 183).
+    token_tile_elems: int = 8192
+    token_num_warps: int = 8
 
 
 #: The tuning every launch reads (at call time: a replaced object takes effect at once).
@@ -128,7 +136,8 @@ def _plan(n_tokens: int, seq_len: int, n_q_heads: int, n_k_heads: int, head_dim:
                           for h in (n_q_heads, n_k_heads))
     consts = dict(INTERLEAVED=conv.interleaved, COS_PER_PAIR=conv.cos_per_pair,
                   BACKWARD=backward, BLOCK_HQ=block_hq, BLOCK_HK=block_hk, BLOCK_D=block_d,
-                  HALVES=False, BLOCK_HALF=1, BLOCK_TAIL=0,
+                  HALVES=False, BLOCK_HALF=1, BLOCK_TAIL=0, ONE_STEP=False,
+                  EXACT_HALF=False,
                   num_warps=tuning.num_warps or num_warps_for(max(block_hq, block_hk) * block_d))
     if tuning.by_halves and not conv.interleaved and rot_dim % 2 == 0:
         # rotate_half's pairs are the two halves: two contiguous loads per head (see
@@ -136,9 +145,23 @@ def _plan(n_tokens: int, seq_len: int, n_q_heads: int, n_k_heads: int, head_dim:
         tail = head_dim - rot_dim
         consts.update(HALVES=True, BLOCK_HALF=runtime.next_power_of_2(max(rot_dim // 2, 1)),
                       BLOCK_TAIL=runtime.next_power_of_2(tail) if tail else 0)
+        all_q, all_k = (runtime.next_power_of_2(max(h, 1)) for h in (n_q_heads, n_k_heads))
+        if (not tail and (all_q + all_k) * block_d <= tuning.token_tile_elems
+                and _token_offsets_fit(strides, (n_q_heads, n_k_heads) * 2, head_dim)):
+            consts.update(ONE_STEP=True, BLOCK_HQ=all_q, BLOCK_HK=all_k,
+                          EXACT_HALF=consts["BLOCK_HALF"] == rot_dim // 2,
+                          num_warps=tuning.token_num_warps)
     return LaunchPlan(rope_kernel, (n_tokens,),
                       (seq_len, n_q_heads, n_k_heads, head_dim, rot_dim, rot_dim // 2, *strides),
                       consts)
+
+
+def _token_offsets_fit(strides: tuple, heads: tuple, head_dim: int) -> bool:
+    """Whether every element of a token lies within 2**31 - 1 elements of the token's first, in
+    each of q, k, q_out, k_out (``strides``: their ``(batch, token, head, lane)`` strides in
+    that order, then cos's and sin's): the one-step path's offsets within a token are int32."""
+    return all((n - 1) * strides[4 * i + 2] + (head_dim - 1) * strides[4 * i + 3] < 2**31
+               for i, n in enumerate(heads))
 
 
 def _rotate(q, k, cos, sin, q_out, k_out, unsqueeze_dim: int, convention: str,

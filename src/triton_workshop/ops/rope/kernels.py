@@ -114,22 +114,39 @@ def _rotate_heads_halves(
         mask = head_mask & (j < half)
         x_row = x_ptr + heads * x_head_stride
         out_row = out_ptr + heads * out_head_stride
-        x1 = tl.load(x_row + j * x_lane_stride, mask=mask, other=0.0).to(tl.float32)
-        x2 = tl.load(x_row + (j + half) * x_lane_stride, mask=mask, other=0.0).to(tl.float32)
-        if BACKWARD:
-            out1 = x1 * cos1 + x2 * sin2
-            out2 = x2 * cos2 - x1 * sin1
-        else:
-            out1 = x1 * cos1 - x2 * sin1
-            out2 = x2 * cos2 + x1 * sin2
-        out_ty = out_ptr.dtype.element_ty
-        tl.store(out_row + j * out_lane_stride, out1.to(out_ty), mask=mask)
-        tl.store(out_row + (j + half) * out_lane_stride, out2.to(out_ty), mask=mask)
+        x1, x2 = _load_halves(x_row, x_lane_stride, half, j, mask)
+        _store_rotated_halves(out_row, out_lane_stride, half, j, x1, x2, mask, cos1, cos2, sin1,
+                              sin2, BACKWARD)
         if BLOCK_TAIL > 0:  # partial rotary: the lanes past R pass through
             t = rot_dim + tl.arange(0, BLOCK_TAIL)[None, :]
             tail_mask = head_mask & (t < head_dim)
             tail = tl.load(x_row + t * x_lane_stride, mask=tail_mask)
-            tl.store(out_row + t * out_lane_stride, tail.to(out_ty), mask=tail_mask)
+            tl.store(out_row + t * out_lane_stride, tail.to(out_ptr.dtype.element_ty),
+                     mask=tail_mask)
+
+
+@triton.jit
+def _load_halves(x_row, lane_stride, half, j, mask):
+    """The two halves ``x[:R/2]``, ``x[R/2:R]`` of the heads at ``x_row``, in fp32."""
+    x1 = tl.load(x_row + j * lane_stride, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(x_row + (j + half) * lane_stride, mask=mask, other=0.0).to(tl.float32)
+    return x1, x2
+
+
+@triton.jit
+def _store_rotated_halves(out_row, lane_stride, half, j, x1, x2, mask, cos1, cos2, sin1, sin2,
+                          BACKWARD: tl.constexpr):
+    """The heads at ``out_row`` = the halves ``x1``, ``x2`` rotated (see
+    :func:`_rotate_heads_halves`), stored by halves in ``out_row``'s dtype."""
+    if BACKWARD:
+        out1 = x1 * cos1 + x2 * sin2
+        out2 = x2 * cos2 - x1 * sin1
+    else:
+        out1 = x1 * cos1 - x2 * sin1
+        out2 = x2 * cos2 + x1 * sin2
+    out_ty = out_row.dtype.element_ty
+    tl.store(out_row + j * lane_stride, out1.to(out_ty), mask=mask)
+    tl.store(out_row + (j + half) * lane_stride, out2.to(out_ty), mask=mask)
 
 
 @triton.jit
@@ -145,11 +162,15 @@ def rope_kernel(
     INTERLEAVED: tl.constexpr, COS_PER_PAIR: tl.constexpr, BACKWARD: tl.constexpr,
     BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_D: tl.constexpr,
     HALVES: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr,
+    ONE_STEP: tl.constexpr, EXACT_HALF: tl.constexpr,
 ):
     """Rotate (``BACKWARD``: rotate back) every q and k head of token ``program_id`` of a
     ``(batch, seq_len)`` grid of tokens. Operands are indexed ``(batch, token, head, lane)``;
     ``cos``/``sin`` ``(batch, token, column)``, broadcast dims with stride 0. ``HALVES``:
-    ``rotate_half`` with an even ``rot_dim`` (``half`` = ``rot_dim // 2``), read by halves."""
+    ``rotate_half`` with an even ``rot_dim`` (``half`` = ``rot_dim // 2``), read by halves.
+    ``ONE_STEP`` (with ``HALVES``, every lane rotated): all of the token's q and k heads in one
+    tile each (``BLOCK_HQ``, ``BLOCK_HK`` hold them), every load issued before any store;
+    ``EXACT_HALF``: ``half == BLOCK_HALF``, no lane to mask."""
     token = tl.program_id(0).to(tl.int64)
     b = token // seq_len
     s = token - b * seq_len
@@ -167,6 +188,30 @@ def rope_kernel(
                            other=0.0).to(tl.float32)
             sin2 = tl.load(sin_row + (j + half) * sin_stride_d, mask=j < half,
                            other=0.0).to(tl.float32)
+        if ONE_STEP:
+            # Offsets within the token in int32 (the host takes this path only where they fit):
+            # q's and k's loads all issued, then the stores.
+            hq = tl.arange(0, BLOCK_HQ)[:, None]
+            hk = tl.arange(0, BLOCK_HK)[:, None]
+            if EXACT_HALF:  # every lane of a half is real: heads alone are masked
+                q_mask = tl.broadcast_to(hq < n_q_heads, (BLOCK_HQ, BLOCK_HALF))
+                k_mask = tl.broadcast_to(hk < n_k_heads, (BLOCK_HK, BLOCK_HALF))
+            else:
+                q_mask = (hq < n_q_heads) & (j[None, :] < half)
+                k_mask = (hk < n_k_heads) & (j[None, :] < half)
+            q1, q2 = _load_halves(q_ptr + b * q_stride_b + s * q_stride_s + hq * q_stride_h,
+                                  q_stride_d, half, j[None, :], q_mask)
+            k1, k2 = _load_halves(k_ptr + b * k_stride_b + s * k_stride_s + hk * k_stride_h,
+                                  k_stride_d, half, j[None, :], k_mask)
+            _store_rotated_halves(
+                q_out_ptr + b * q_out_stride_b + s * q_out_stride_s + hq * q_out_stride_h,
+                q_out_stride_d, half, j[None, :], q1, q2, q_mask, cos1[None, :], cos2[None, :],
+                sin1[None, :], sin2[None, :], BACKWARD)
+            _store_rotated_halves(
+                k_out_ptr + b * k_out_stride_b + s * k_out_stride_s + hk * k_out_stride_h,
+                k_out_stride_d, half, j[None, :], k1, k2, k_mask, cos1[None, :], cos2[None, :],
+                sin1[None, :], sin2[None, :], BACKWARD)
+            return
         _rotate_heads_halves(q_ptr + b * q_stride_b + s * q_stride_s,
                              q_out_ptr + b * q_out_stride_b + s * q_out_stride_s,
                              q_stride_h, q_stride_d, q_out_stride_h, q_out_stride_d,
