@@ -26,9 +26,12 @@ class GluTuning:
     """The launch decisions of the GLU ops: part of every plan's key."""
 
     #: Elements a program owns: a tile of rows x columns (one long row when the operands are
-    #: contiguous). 4096 over 8 warps is 16 elements a thread: for fp16/bf16 two 16-byte loads in
-    #: flight per operand, for fp32 four.
-    tile_elems: int = 4096
+    #: contiguous). 2048 over 8 warps is 8 elements a thread: for fp16/bf16 one 16-byte load per
+    #: operand, for fp32 two; more programs in flight. H200, swiglu 8192 x 14336 bf16 in CUDA
+    #: graphs, two runs: forward 161.4-162.1 us against 163.1-163.6 with 4096 (torch.compile
+    #: 161.7-162.4), forward + backward 435.5-436.6 against 438.5-438.7; 1024 over 4 warps within
+    #: 0.5 us of it, 1024 over 8 and 8192 or more slower (docs/results.md, 2026-11-29).
+    tile_elems: int = 2048
     num_warps: int = 8
 
 
