@@ -78,8 +78,9 @@ class RopeTuning:
     #: at most this many elements (power-of-two head counts x head_dim), one step rotates them
     #: all, every load issued before a store, on ``token_num_warps`` warps (Llama's 32 + 8 heads
     #: of 128: 5120). Measured on an H200 at 4 x 4096 tokens, 32/8 heads of 128, bf16, in CUDA
-    #: graphs (docs/results.md, 2026-11-29): 84 us forward, 168 forward + backward, against 87
-    #: and 174 in tiles of ``tile_elems`` (4 warps: 85 and 171; 16 warps: 91 and 183).
+    #: graphs (docs/results.md, 2026-11-29): 84.6 us forward, 169.2 forward + backward, against
+    #: 87.3 and 174.6 in tiles of ``tile_elems`` in the same run; a standalone kernel of this
+    #: structure took 85.1/171.3 on 4 warps and 90.7/182.7 on 16, against 83.9/167.9 on 8.
     token_tile_elems: int = 8192
     token_num_warps: int = 8
 
