@@ -26,12 +26,17 @@ class GluTuning:
     """The launch decisions of the GLU ops: part of every plan's key."""
 
     #: Elements a program owns: a tile of rows x columns (one long row when the operands are
-    #: contiguous). 2048 over 8 warps is 8 elements a thread: for fp16/bf16 one 16-byte load per
-    #: operand, for fp32 two; more programs in flight. H200, swiglu 8192 x 14336 bf16 in CUDA
-    #: graphs, two runs: forward 161.4-162.1 us against 163.1-163.6 with 4096 (torch.compile
-    #: 161.7-162.4), forward + backward 435.5-436.6 against 438.5-438.7; 1024 over 4 warps within
-    #: 0.5 us of it, 1024 over 8 and 8192 or more slower (docs/results.md, 2026-11-29).
+    #: contiguous). For SiLU 2048 over 8 warps, 8 elements a thread: for fp16/bf16 one 16-byte
+    #: load per operand, for fp32 two; more programs in flight. H200, swiglu 8192 x 14336 bf16
+    #: in CUDA graphs, three runs: forward 161.4-162.1 us against 163.1-163.6 with 4096
+    #: (torch.compile 161.7-162.4), forward + backward 435.5-436.6 against 438.5-439.0; 1024 over
+    #: 4 warps within 0.5 us of it, 1024 over 8 and 8192 or more slower.
     tile_elems: int = 2048
+    #: The GELU activations' (erf or tanh: more arithmetic an element) tile: 4096, 16 elements
+    #: a thread. geglu 8192 x 14336 bf16 on the same H200: forward 162.1 us against 163.7 at
+    #: 2048 (torch.compile 161.9), forward + backward 435.1 against 435.9 (docs/results.md,
+    #: 2026-11-29).
+    gelu_tile_elems: int = 4096
     num_warps: int = 8
 
 
@@ -140,11 +145,12 @@ def _strides(views) -> tuple[int, ...]:
 @plan_cache()
 def _plan(kernel, n_rows: int, n_cols: int, strides: tuple, activation: int, dtypes: tuple,
           tuning: GluTuning) -> LaunchPlan:
-    """One launch over an ``(n_rows, n_cols)`` view: tiles of ``tile_elems`` elements, as many
-    whole columns as fit (up to ``tile_elems``) and as many rows as fill the rest. ``dtypes``
+    """One launch over an ``(n_rows, n_cols)`` view: tiles of the activation's ``tile_elems``
+    elements, as many whole columns as fit and as many rows as fill the rest. ``dtypes``
     (of every operand) is in the key: the prepared launches are compiled for them."""
-    block_n = min(runtime.next_power_of_2(n_cols), tuning.tile_elems)
-    block_m = max(1, min(tuning.tile_elems // block_n, runtime.next_power_of_2(n_rows)))
+    tile_elems = tuning.tile_elems if activation == SILU else tuning.gelu_tile_elems
+    block_n = min(runtime.next_power_of_2(n_cols), tile_elems)
+    block_m = max(1, min(tile_elems // block_n, runtime.next_power_of_2(n_rows)))
     grid = (runtime.cdiv(n_rows, block_m) * runtime.cdiv(n_cols, block_n),)
     return LaunchPlan(kernel, grid, (n_rows, n_cols, *strides),
                       dict(ACTIVATION=activation, BLOCK_M=block_m, BLOCK_N=block_n,
