@@ -108,3 +108,11 @@ def check_same_dtype(**tensors: torch.Tensor) -> None:
                 "they must match"
             )
 
+
+def check_float_dtype(dtype, name: str = "dtype") -> None:
+    """A dtype argument (an output's or a computation's): None, or one of :data:`FLOAT_DTYPES`.
+    Anything else is a ``TypeError`` naming the argument, a non-dtype as a non-float dtype (a
+    tensor of the wrong dtype is one too)."""
+    if dtype is not None and dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be None or one of {_dtype_names(FLOAT_DTYPES)}, got "
+                        f"{dtype!r}")

@@ -65,7 +65,6 @@ __all__ = [
 
 #: What F.cross_entropy's output is under autocast: on torch's fp32 lists (CPU and CUDA).
 _AUTOCAST_LOSS = runtime.AutocastPolicy("fp32")
-_DTYPE_NAMES = ", ".join(str(d) for d in FLOAT_DTYPES)
 
 
 def cross_entropy(
@@ -124,8 +123,7 @@ def cross_entropy(
             return loss
     checked_ignore, smoothing = _CALLS.checked(
         loss_key, _check_cross_entropy, input, target, ignore_index, reduction, label_smoothing)
-    if dtype is not None and dtype not in FLOAT_DTYPES:
-        raise TypeError(f"dtype must be None or one of {_DTYPE_NAMES}, got {dtype!r}")
+    runtime.check_float_dtype(dtype)
     device_type = "cuda" if input.is_cuda else "cpu"
     out_dtype = dtype or _AUTOCAST_LOSS.dtype_for(device_type) or input.dtype
     # The gradient in the forward only where the eager backward can scale it in place

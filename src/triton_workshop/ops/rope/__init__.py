@@ -323,10 +323,7 @@ def _cos_sin_grads(grads, inputs, cos, sin, unsqueeze_dim, convention):
 # --------------------------------------------------------------------------------------------
 def _check_args(q, k, cos, sin, unsqueeze_dim, convention, dtype=None) -> int:
     """Every argument checked before anything launches; ``unsqueeze_dim`` as an int."""
-    if dtype is not None and not isinstance(dtype, torch.dtype):
-        raise TypeError(f"dtype must be a torch.dtype or None, got {type(dtype).__name__}")
-    if dtype is not None and dtype not in FLOAT_DTYPES:
-        raise ValueError(f"dtype must be one of {list(FLOAT_DTYPES)} or None, got {dtype}")
+    runtime.check_float_dtype(dtype)
     for name, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
         runtime.check_tensor(t, name, dtypes=FLOAT_DTYPES)
     runtime.check_same_device(q=q, k=k, cos=cos, sin=sin)
