@@ -70,7 +70,8 @@ from .plans import LaunchPlan, plan_cache  # noqa: E402
 __all__ = [
     "mode", "launch", "registry", "plans", "LaunchPlan", "plan_cache",
     "DEVICE", "INTERPRET", "INTERPRET_REASON", "mode_description",
-    "FLOAT_DTYPES", "check_dense", "check_float_dtype", "check_kernel_device", "check_same_device", "check_same_dtype", "check_tensor",
+    "FLOAT_DTYPES", "check_dense", "check_float_dtype", "check_kernel_device",
+    "check_same_device", "check_same_dtype", "check_tensor",
     "RowTile", "acc_dtype", "autotune", "bucket", "cdiv", "chunk_tile", "next_power_of_2", "num_sms",
     "num_warps_for", "row_tile", "shared_memory_limit",
     "FastLaunch", "PreparedLaunch", "device_guard", "fast_launcher", "launch_ready",

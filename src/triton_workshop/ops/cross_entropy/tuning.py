@@ -26,10 +26,10 @@ class CrossEntropyTuning:
     #: Warps of the forward that reads each row once for its loss (the gradient not written
     #: there); 0: as many as for the other kernels (``runtime.num_warps_for`` the chunk, 8 at
     #: 4096). Fewer warps a row leave room for more rows in flight on an SM, each thread with
-    #: more loads of its own. H200, 8192 x 128256 bf16, in CUDA graphs: 8 warps 577-587 us (84-86%
-    #: of copy), 4 warps 527-539 (92-95%), 2 warps 519 (95%); the backward, which also writes,
-    #: is slower with fewer warps (1770 us at 4 against 1635 at 8 for forward + backward), so it
-    #: keeps 8.
+    #: more loads of its own. H200, 8192 x 128256 bf16, in CUDA graphs: 8 warps 577-587 us
+    #: (84-86% of copy), 4 warps 524-539 (92-95%), 2 warps 512-519 (95-97%); the backward, which
+    #: also writes, is slower with fewer warps (1770 us at 4 against 1635 at 8 for forward +
+    #: backward), so it keeps 8.
     forward_num_warps: int = 2
     #: cross_entropy, called eagerly with fp32/bf16 logits that require grad. True: the forward
     #: writes the gradient and the backward scales it in place, a pass skipped when the
