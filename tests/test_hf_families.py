@@ -221,9 +221,13 @@ def test_compiled_leaves_the_norms_to_inductor(family, monkeypatch):
     out = model(input_ids=ids, labels=ids)
     ref = reference(input_ids=ids, labels=ids)
     assert losses == [(SEQ, VOCAB)]  # the logits the model made, on our kernel
-    torch.testing.assert_close(out.logits, ref.logits, **TOL)
+    assert out.logits is None  # with a loss, as the fused path gives it
     torch.testing.assert_close(out.loss, ref.loss, **TOL)
     assert_same_gradients(model, reference, out.loss, ref.loss, **TOL)
+    with torch.no_grad():
+        kept = model(input_ids=ids, labels=ids, return_logits=True)
+    torch.testing.assert_close(kept.logits, ref.logits, **TOL)
+    torch.testing.assert_close(kept.loss, ref.loss, **TOL)
     with pytest.raises(TypeError, match="compiled must be a bool"):
         hf.patch_model(build(family), compiled=1)
 
@@ -241,10 +245,33 @@ def test_a_patched_model_compiles_in_one_graph(compiled):
         hf.patch_model(model, compiled=compiled)
     ids = tokens(batch=1)
     torch._dynamo.reset()
-    loss = torch.compile(model, fullgraph=True)(input_ids=ids, labels=ids).loss
+    out = torch.compile(model, fullgraph=True)(input_ids=ids, labels=ids)
+    # With a loss the logits are dropped, as the fused path drops them eagerly: the compiled
+    # graph does not return them (their gradient would be a zero-filled logits-sized tensor).
+    assert out.logits is None
     ref = reference(input_ids=ids, labels=ids).loss
-    torch.testing.assert_close(loss, ref, **TOL)
-    assert_same_gradients(model, reference, loss, ref, **TOL)
+    torch.testing.assert_close(out.loss, ref, **TOL)
+    assert_same_gradients(model, reference, out.loss, ref, **TOL)
+
+
+def test_a_compiled_patched_model_returns_logits_when_asked_or_without_labels():
+    """Traced, ``return_logits=True`` keeps the head's logits beside the loss, and a call without
+    labels (generation) returns them as always: the unpatched model's logits and loss."""
+    model = build("llama")
+    reference = copy.deepcopy(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InterpreterWarning)
+        hf.patch_model(model, compiled=True)
+    ids = tokens(batch=1)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    out = compiled(input_ids=ids, labels=ids, return_logits=True)
+    ref = reference(input_ids=ids, labels=ids)
+    torch.testing.assert_close(out.logits, ref.logits, **TOL)
+    torch.testing.assert_close(out.loss, ref.loss, **TOL)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(input_ids=ids).logits,
+                                   reference(input_ids=ids).logits, **TOL)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -513,15 +540,14 @@ def test_mlp_projections_run_as_autocast_linear_unless_hooked(family, monkeypatc
     mlp = model.model.layers[0].mlp
     linears = [m for m in mlp.children() if isinstance(m, torch.nn.Linear)]
     assert linears and all(type(m) is torch.nn.Linear for m in linears)  # left as they were
-    matmul = importlib.import_module("triton_workshop.ops.matmul")
-    original = matmul.autocast_linear
+    original = families.autocast_linear  # the name the patched MLP's forward calls
     products = []
 
     def spy(x, weight, bias=None):
         products.append(weight.shape)
         return original(x, weight, bias)
 
-    monkeypatch.setattr(matmul, "autocast_linear", spy)
+    monkeypatch.setattr(families, "autocast_linear", spy)
     ids = tokens()
     with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
         out = model(input_ids=ids, labels=ids, return_logits=True)

@@ -50,7 +50,9 @@ its config) computes as before. What it changes, each counted under its kind:
   then has ``logits=None``; ``return_logits=True`` gives the model's own head, its logits' loss
   still on our kernel). Under ``compiled=True``, and for a model the fused loss cannot take
   (Gemma 2's soft-capped logits): the model's own head, the loss of its logits on
-  :func:`~triton_workshop.ops.cross_entropy.cross_entropy`.
+  :func:`~triton_workshop.ops.cross_entropy.cross_entropy`; under ``compiled=True`` the output
+  with a loss has ``logits=None`` too (``return_logits=True`` keeps them), so that a compiled
+  step's backward makes no zero gradient for logits it never used.
 * ``attention``: the attention modules on ``attn_implementation="triton_workshop"``.
 * ``layer_norm``, ``linear``, ``conv2d`` as :func:`triton_workshop.nn.patch` (same ``linear=``
   rule: a plain Linear stays on cuBLAS unless ``linear="always"``, under ``compiled=True`` as a
@@ -524,7 +526,8 @@ def patch_model(
         if reason:
             plan.skip("lm_head", "cross_entropy", reason)
         else:
-            changes.append(lambda: (loss.patch_loss if fused else loss.patch_logits_loss)(model))
+            changes.append(lambda: loss.patch_loss(model) if fused else loss.patch_logits_loss(
+                model, loss_only=flags["compiled"]))
             plan.counts["cross_entropy"] += 1
 
     # Applying: the attention setting first (transformers may refuse it: listed, before the

@@ -14,7 +14,10 @@ the call has ``labels``:
 
 The output then carries ``logits=None``. Pass ``return_logits=True`` to the call (or patch with
 ``cross_entropy=False``) where the logits are wanted with the loss: that call takes the model's
-own path. The model's own path also runs whenever this one would not be exact: no labels
+own path. A call that torch.compile traces (below), and a model patched with ``compiled=True``,
+give ``logits=None`` with a loss too, unless the call passes ``return_logits=True``: an output
+of a compiled graph that requires grad gets a zero-filled gradient in its backward, for the
+logits a tensor of their size where the step uses only the loss. The model's own path also runs whenever this one would not be exact: no labels
 (generation), ``logits_to_keep`` set, ``return_dict=False``, a final-logit soft-capping in the
 config (Gemma 2/3: the loss of the capped logits is not the loss of ``lm_head``'s), a loss
 function other than transformers' ``ForCausalLMLoss``, and a call that ``torch.compile`` traces:
@@ -221,13 +224,38 @@ def _signature(cls: type) -> inspect.Signature:
     return inspect.signature(cls.forward)
 
 
+def _without_logits(out):
+    """A model output with a loss as the fused path gives it: ``logits=None``."""
+    return type(out)(**{key: value for key, value in out.items() if key != "logits"})
+
+
+def _loss_only(out):
+    """``out`` without its logits where it has a loss (a ModelOutput), else as it is. Under
+    torch.compile that matters: an output of the compiled graph that requires grad gets a
+    gradient in the backward, for the logits a zero-filled tensor of their size where the step
+    uses only the loss."""
+    if isinstance(out, dict) and out.get("loss") is not None:
+        return _without_logits(out)
+    return out
+
+
+def _logits_loss_forward(self, *args, return_logits: bool = False, **kwargs):
+    """The model's own forward (its head, the loss of its logits), its output with a loss
+    carrying ``logits=None`` unless ``return_logits``: what ``patch_model(compiled=True)``
+    gives a model's forward."""
+    out = original_class(self).forward(self, *args, **kwargs)
+    return out if return_logits else _loss_only(out)
+
+
 def _causal_lm_forward(self, *args, return_logits: bool = False, **kwargs):
     base_forward = original_class(self).forward
-    if return_logits or torch.compiler.is_compiling():
-        # Traced by torch.compile: the model's own head and loss, which Inductor compiles with
-        # the rest of the graph (the capture below changes modules mid-call, which it cannot
-        # trace). patch_model(compiled=True) leaves the loss on torch for that reason.
+    if return_logits:
         return base_forward(self, *args, **kwargs)
+    if torch.compiler.is_compiling():
+        # Traced by torch.compile: the model's own head, and its loss on the logits, which
+        # Inductor compiles with the rest of the graph (the capture below changes modules
+        # mid-call, which it cannot trace); with a loss, no logits, as below.
+        return _loss_only(base_forward(self, *args, **kwargs))
     try:
         bound = _signature(original_class(self)).bind(self, *args, **kwargs)
     except TypeError:  # the model's own forward says what is wrong
@@ -243,7 +271,7 @@ def _causal_lm_forward(self, *args, return_logits: bool = False, **kwargs):
     finally:
         lm_head.__dict__.pop("_triton_workshop_capture", None)
         self.__dict__.pop("_triton_workshop_loss", None)
-    return type(out)(**{key: value for key, value in out.items() if key != "logits"})
+    return _without_logits(out)
 
 
 def _loss_function(self):
@@ -259,13 +287,13 @@ def _set_loss_function(self, value):
 
 
 @functools.lru_cache(maxsize=None)
-def _forward_for(cls: type):
-    """``_causal_lm_forward`` showing ``cls.forward``'s signature plus ``return_logits``:
-    generate() reads the forward's parameters (it passes position_ids only to a forward that
-    names them, which left-padded batches need)."""
+def _forward_for(cls: type, impl=_causal_lm_forward):
+    """``impl`` (``_causal_lm_forward`` or ``_logits_loss_forward``) showing ``cls.forward``'s
+    signature plus ``return_logits``: generate() reads the forward's parameters (it passes
+    position_ids only to a forward that names them, which left-padded batches need)."""
 
     def forward(self, *args, return_logits: bool = False, **kwargs):
-        return _causal_lm_forward(self, *args, return_logits=return_logits, **kwargs)
+        return impl(self, *args, return_logits=return_logits, **kwargs)
 
     signature = _signature(cls)
     parameters = list(signature.parameters.values())
@@ -284,13 +312,17 @@ def patch_loss(model: nn.Module) -> None:
                loss_function=property(_loss_function, _set_loss_function))  # fmt: skip
 
 
-def patch_logits_loss(model: nn.Module) -> None:
+def patch_logits_loss(model: nn.Module, *, loss_only: bool = False) -> None:
     """The loss of a model the fused path does not take, and of every model under
     ``patch_model(compiled=True)`` (checked by :func:`logits_loss_reason`): the model's own head
-    and forward, and its ``ForCausalLMLoss`` as :func:`logits_loss`."""
+    and forward, and its ``ForCausalLMLoss`` as :func:`logits_loss`. ``loss_only`` (what
+    ``compiled=True`` passes): the forward's output with a loss has ``logits=None``, as the
+    fused path's, unless the call passes ``return_logits=True``."""
     _find_loss_functions(model)
-    give_class(model, "cross_entropy_logits",
-               loss_function=property(_loss_function, _set_loss_function))  # fmt: skip
+    members = dict(loss_function=property(_loss_function, _set_loss_function))
+    if loss_only:
+        members["forward"] = _forward_for(type(model), _logits_loss_forward)
+    give_class(model, "cross_entropy_logits", **members)
 
 
 def logits_loss_reason(model: nn.Module) -> str | None:
