@@ -232,20 +232,26 @@ def test_compiled_leaves_the_norms_to_inductor(family, monkeypatch):
         hf.patch_model(build(family), compiled=1)
 
 
+def _compiled_llama(compiled: bool, backend: str = "inductor"):
+    """A tiny Llama patched (``compiled`` as patch_model's), its unpatched copy, the model
+    under ``torch.compile(fullgraph=True)``, and one sequence of tokens."""
+    model = build("llama")
+    reference = copy.deepcopy(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InterpreterWarning)
+        hf.patch_model(model, compiled=compiled)
+    torch._dynamo.reset()
+    return model, reference, torch.compile(model, backend=backend, fullgraph=True), tokens(batch=1)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("compiled", [False, True])
 def test_a_patched_model_compiles_in_one_graph(compiled):
     """torch.compile(fullgraph=True) of a patched Llama, with the loss: no graph break (traced,
     the loss is the model's head and our cross-entropy), the unpatched model's loss and
     gradients."""
-    model = build("llama")
-    reference = copy.deepcopy(model)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", InterpreterWarning)
-        hf.patch_model(model, compiled=compiled)
-    ids = tokens(batch=1)
-    torch._dynamo.reset()
-    out = torch.compile(model, fullgraph=True)(input_ids=ids, labels=ids)
+    model, reference, traced, ids = _compiled_llama(compiled)
+    out = traced(input_ids=ids, labels=ids)
     # With a loss the logits are dropped, as the fused path drops them eagerly: the compiled
     # graph does not return them (their gradient would be a zero-filled logits-sized tensor).
     assert out.logits is None
@@ -257,14 +263,7 @@ def test_a_patched_model_compiles_in_one_graph(compiled):
 def test_a_compiled_patched_model_returns_logits_when_asked_or_without_labels():
     """Traced, ``return_logits=True`` keeps the head's logits beside the loss, and a call without
     labels (generation) returns them as always: the unpatched model's logits and loss."""
-    model = build("llama")
-    reference = copy.deepcopy(model)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", InterpreterWarning)
-        hf.patch_model(model, compiled=True)
-    ids = tokens(batch=1)
-    torch._dynamo.reset()
-    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    _, reference, compiled, ids = _compiled_llama(True, backend="aot_eager")
     out = compiled(input_ids=ids, labels=ids, return_logits=True)
     ref = reference(input_ids=ids, labels=ids)
     torch.testing.assert_close(out.logits, ref.logits, **TOL)
