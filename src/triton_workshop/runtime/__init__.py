@@ -19,6 +19,7 @@ from . import mode  # first: sets TRITON_INTERPRET before Triton decorates anyth
 from .mode import DEVICE, INTERPRET, INTERPRET_REASON, mode_description  # noqa: E402
 from .checks import (  # noqa: E402
     FLOAT_DTYPES,
+    check_choice,
     check_dense,
     check_float_dtype,
     check_kernel_device,
@@ -70,7 +71,7 @@ from .plans import LaunchPlan, plan_cache  # noqa: E402
 __all__ = [
     "mode", "launch", "registry", "plans", "LaunchPlan", "plan_cache",
     "DEVICE", "INTERPRET", "INTERPRET_REASON", "mode_description",
-    "FLOAT_DTYPES", "check_dense", "check_float_dtype", "check_kernel_device",
+    "FLOAT_DTYPES", "check_choice", "check_dense", "check_float_dtype", "check_kernel_device",
     "check_same_device", "check_same_dtype", "check_tensor",
     "RowTile", "acc_dtype", "autotune", "bucket", "cdiv", "chunk_tile", "next_power_of_2", "num_sms",
     "num_warps_for", "row_tile", "shared_memory_limit",

@@ -116,3 +116,12 @@ def check_float_dtype(dtype, name: str = "dtype") -> None:
     if dtype is not None and dtype not in FLOAT_DTYPES:
         raise TypeError(f"{name} must be None or one of {_dtype_names(FLOAT_DTYPES)}, got "
                         f"{dtype!r}")
+
+
+def check_choice(value, name: str, choices) -> None:
+    """A string argument that names one of ``choices``: a ``TypeError`` for a non-str, a
+    ``ValueError`` listing the choices for another string."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, got {type(value).__name__}")
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")

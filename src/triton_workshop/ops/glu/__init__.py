@@ -436,10 +436,7 @@ def glu_halves(gate_up: torch.Tensor, activation: str = "silu") -> torch.Tensor:
     makes two that autograd then copies together (a pass over the whole gradient). fp16/bf16/
     fp32, fp32 arithmetic; ``gate_up``'s last dimension must be even."""
     runtime.check_tensor(gate_up, "gate_up", dtypes=FLOAT_DTYPES)
-    if not isinstance(activation, str):
-        raise TypeError(f"activation must be a str, got {type(activation).__name__}")
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {list(ACTIVATIONS)}, got {activation!r}")
+    runtime.check_choice(activation, "activation", ACTIVATIONS)
     if gate_up.dim() == 0 or gate_up.shape[-1] % 2:
         raise ValueError(f"gate_up's last dimension must be even (gate and up side by side), got "
                          f"shape {tuple(gate_up.shape)}")

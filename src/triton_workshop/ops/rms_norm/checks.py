@@ -80,9 +80,5 @@ def _check_arguments(x, residual, normalized_shape, weight, eps, weight_offset, 
     weight_offset = _check_real(weight_offset, "weight_offset")
     if not math.isfinite(weight_offset):
         raise ValueError(f"weight_offset must be finite, got {weight_offset}")
-    if not isinstance(casting_mode, str):
-        raise TypeError(f"casting_mode must be a str, got {type(casting_mode).__name__}")
-    if casting_mode not in CASTING_MODES:
-        raise ValueError(f"casting_mode must be one of {list(CASTING_MODES)}, got "
-                         f"{casting_mode!r}")
+    runtime.check_choice(casting_mode, "casting_mode", CASTING_MODES)
     return len(shape), eps, weight_offset

@@ -327,10 +327,7 @@ def _check_args(q, k, cos, sin, unsqueeze_dim, convention, dtype=None) -> int:
     for name, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
         runtime.check_tensor(t, name, dtypes=FLOAT_DTYPES)
     runtime.check_same_device(q=q, k=k, cos=cos, sin=sin)
-    if not isinstance(convention, str):
-        raise TypeError(f"convention must be a str, got {type(convention).__name__}")
-    if convention not in CONVENTIONS:
-        raise ValueError(f"convention must be one of {list(CONVENTIONS)}, got {convention!r}")
+    runtime.check_choice(convention, "convention", CONVENTIONS)
     if q.dim() not in (3, 4):
         raise ValueError(f"q must have 3 or 4 dimensions ((batch,) heads and tokens, head_dim), "
                          f"got shape {tuple(q.shape)}")
