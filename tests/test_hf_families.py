@@ -501,15 +501,14 @@ def test_under_autocast_rope_writes_what_the_attention_reads(family, monkeypatch
         warnings.simplefilter("ignore", PatchWarning)  # GPT-OSS's experts, listed
         hf.patch_model(model)
     seen = []
-    ops_rope = importlib.import_module("triton_workshop.ops.rope")
-    original = ops_rope.rope
+    original = families.rope  # the name the patched attention's rotation calls
 
     def spy(q, k, cos, sin, **kwargs):
         out = original(q, k, cos, sin, **kwargs)
         seen.append((q.dtype, cos.dtype, kwargs.get("dtype"), out[0].dtype))
         return out
 
-    monkeypatch.setattr(ops_rope, "rope", spy)
+    monkeypatch.setattr(families, "rope", spy)
     ids = tokens()
     with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
         out = model(input_ids=ids, labels=ids, return_logits=True)

@@ -28,9 +28,13 @@ from torch import nn
 
 from ...nn.patch import has_hooks
 
-# Imported here, not in the forward that calls it: torch 2.11's Dynamo cannot trace an import of
-# a family package whose module class is the family's own (it is "not a Python module" there).
+# The ops the patched forwards call, imported with the module rather than inside those forwards:
+# torch 2.11's Dynamo cannot trace an import of a family package whose module class is the
+# family's own (matmul's: it is "not a Python module" there).
+from ...ops.glu import geglu, glu_halves, swiglu
 from ...ops.matmul import autocast_linear
+from ...ops.rms_norm import rms_norm
+from ...ops.rope import rope
 
 
 # --------------------------------------------------------------------------------------------
@@ -154,8 +158,6 @@ def norm_recipe(module: nn.Module) -> NormRecipe | None:
 
 
 def _rms_norm_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-    from ...ops.rms_norm import rms_norm
-
     recipe = self._triton_workshop_recipe
     return rms_norm(
         hidden_states, self.weight.shape, self.weight, getattr(self, recipe.eps_attr),
@@ -233,8 +235,6 @@ def mlp_recipe(module: nn.Module) -> tuple[MLPRecipe | None, str | None]:
 
 
 def _glu(recipe: MLPRecipe, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    from ...ops.glu import geglu, swiglu
-
     if recipe.glu == "swiglu":
         return swiglu(gate, up)
     return geglu(gate, up, approximate=recipe.approximate)
@@ -257,8 +257,6 @@ def _gated_mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
 
 
 def _fused_gate_up_mlp_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-    from ...ops.glu import glu_halves
-
     # The projection's two halves read in place, their gradient written as one tensor (a
     # chunk's backward would copy two together).
     gate_up = _project(self.gate_up_proj, hidden_states)
@@ -293,8 +291,6 @@ def _attention_dtype(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
 def _rope_full_table(q, k, cos, sin, unsqueeze_dim=1):
     """transformers' rotate-half ``apply_rotary_pos_emb`` (Llama's; Phi-3's partial rotary is
     the same call with a narrower table)."""
-    from ...ops.rope import rope
-
     return rope(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim,
                 dtype=_attention_dtype(q, k, cos, sin))
 
@@ -302,8 +298,6 @@ def _rope_full_table(q, k, cos, sin, unsqueeze_dim=1):
 def _rope_half_table(q, k, cos, sin, unsqueeze_dim=1):
     """GPT-OSS's ``apply_rotary_pos_emb``: its table holds each frequency once (head_dim / 2
     wide) and rotates the two halves; the same rotation as rotate-half over the table repeated."""
-    from ...ops.rope import rope
-
     return rope(q, k, torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1),
                 unsqueeze_dim=unsqueeze_dim, dtype=_attention_dtype(q, k, cos, sin))
 
