@@ -31,10 +31,7 @@ def check_loss_args(target, ignore_index, reduction, label_smoothing) -> None:
     check_dense_tensor(target, "target", dtypes=(torch.int64,))
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):
         raise TypeError(f"ignore_index must be an int, got {type(ignore_index).__name__}")
-    if not isinstance(reduction, str):
-        raise TypeError(f"reduction must be a str, got {type(reduction).__name__}")
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    runtime.check_choice(reduction, "reduction", REDUCTIONS)
     if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, numbers.Real):
         raise TypeError(f"label_smoothing must be a float, got {type(label_smoothing).__name__}")
     if not 0.0 <= label_smoothing <= 1.0:
