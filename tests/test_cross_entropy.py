@@ -110,7 +110,7 @@ def _ce_grad_check(x, target, *, dy_seed=7, **kwargs):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("n_classes", [1, 7, 1000, 5000])
 def test_cross_entropy_values_and_grads(path, n_classes, dtype):
-    if path == "chunked" and n_classes == 5000:
+    if INTERPRET and path == "chunked" and n_classes == 5000:
         pytest.skip("79 interpreted steps a row; 1000 columns already cross 16 chunks")
     x = _randn(6, n_classes, dtype=dtype, scale=3.0).requires_grad_()
     _ce_grad_check(x, _targets(6, n_classes, ignored=[4]))
@@ -492,7 +492,7 @@ def _linear_check(x, w, target, b=None, *, dy_seed=7, grad_scale=4.0, ref_dtype=
 def test_linear_values_and_grads(linear_path, vocab, dtype):
     # 11 tokens: with the chunked paths' 4-token chunks the last is ragged; "vocab_blocks" cuts
     # 64 classes of fp32 in 3 blocks of 22 (the last of 20), of fp16/bf16 in 2 of 32.
-    if linear_path == "vocab_blocks" and vocab == 1000:
+    if INTERPRET and linear_path == "vocab_blocks" and vocab == 1000:
         pytest.skip("42 interpreted blocks a chunk; 64 classes already cross blocks")
     x, w, b = _linear_inputs(11, 16, vocab, dtype)
     _linear_check(x, w, _targets(11, vocab, ignored=[3]), b)
