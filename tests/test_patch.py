@@ -317,6 +317,30 @@ def test_optimizer_built_before_patch_trains_the_patched_model():
         torch.testing.assert_close(p, r, **TOL)
 
 
+def test_swapped_norms_are_still_torchs_norms_to_isinstance():
+    """Training code finds norms by class (weight-decay groups, wrapping policies): a swapped
+    LayerNorm or RMSNorm is still an instance of torch's, so the groups built after the patch
+    are the groups built before it."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.LayerNorm(12), nn.Linear(12, 12), nn.RMSNorm(12), nn.Linear(12, 3),
+                          nn.Softmax(dim=-1)).to(DEVICE)  # fmt: skip
+
+    def no_decay(m):
+        return [id(p) for mod in m.modules() if isinstance(mod, (nn.LayerNorm, nn.RMSNorm))
+                for p in mod.parameters()]  # fmt: skip
+
+    before = no_decay(model)
+    assert patch_quietly(model, layer_norm="always", linear="always") == counts(
+        layer_norm=1, rms_norm=1, linear=2)
+    assert type(model[0]) is tw.LayerNorm and type(model[2]) is tw.RMSNorm
+    assert no_decay(model) == before and len(before) == 3
+    assert isinstance(tw.Softmax(), nn.Softmax) and tw.Softmax().dim == -1
+    # tw.Linear is not a torch Linear: with an activation it computes more than one.
+    assert not isinstance(model[1], nn.Linear)
+    # Patching again finds nothing more to swap: our norms are not taken for torch's.
+    assert patch_quietly(model, layer_norm="always", linear="always") == counts()
+
+
 def test_tied_and_shared_modules_stay_tied_and_shared():
     torch.manual_seed(0)
     shared = nn.Linear(6, 6)

@@ -1,10 +1,11 @@
 """``RMSNorm``: a drop-in for ``torch.nn.RMSNorm`` computed by
 :func:`triton_workshop.ops.rms_norm.rms_norm`.
 
-The constructor, the parameter name (``weight``), the state_dict, ``reset_parameters`` and
-``extra_repr`` are torch's, so swapping the import is the whole migration. Two keyword-only
-extras, for modules patched in from transformers: ``weight_offset`` (Gemma's ``1 + weight``) and
-``casting_mode`` (``"llama"``, ``"gemma"``: where the module rounds, see :mod:`..ops.rms_norm`).
+A subclass of ``torch.nn.RMSNorm``: the constructor, the parameter name (``weight``), the
+state_dict, ``reset_parameters`` and ``extra_repr`` are torch's, so swapping the import is the
+whole migration. Two keyword-only extras, for modules patched in from transformers:
+``weight_offset`` (Gemma's ``1 + weight``) and ``casting_mode`` (``"llama"``, ``"gemma"``: where
+the module rounds, see :mod:`..ops.rms_norm`).
 """
 
 from __future__ import annotations
@@ -17,14 +18,13 @@ from torch import nn
 from ..ops.rms_norm import rms_norm
 
 
-class RMSNorm(nn.Module):
-    """``torch.nn.RMSNorm`` computed by :func:`triton_workshop.ops.rms_norm.rms_norm`."""
+class RMSNorm(nn.RMSNorm):
+    """``torch.nn.RMSNorm`` computed by :func:`triton_workshop.ops.rms_norm.rms_norm`: a
+    subclass, so that a patched model's norms still answer ``isinstance(module,
+    torch.nn.RMSNorm)``."""
 
     __constants__ = ["normalized_shape", "eps", "elementwise_affine", "weight_offset",
                      "casting_mode"]
-    normalized_shape: tuple[int, ...]
-    eps: float | None
-    elementwise_affine: bool
 
     def __init__(
         self,
@@ -37,20 +37,12 @@ class RMSNorm(nn.Module):
         weight_offset: float = 0.0,
         casting_mode: str = "torch",
     ) -> None:
-        super().__init__()
-        factory_kwargs = {"device": device, "dtype": dtype}
-        if isinstance(normalized_shape, numbers.Integral):
-            normalized_shape = (normalized_shape,)
-        self.normalized_shape = tuple(normalized_shape)
-        self.eps = eps
-        self.elementwise_affine = elementwise_affine
+        # Set before torch's constructor, which calls reset_parameters (it reads the offset).
         self.weight_offset = weight_offset
         self.casting_mode = casting_mode
-        if elementwise_affine:
-            self.weight = nn.Parameter(torch.empty(self.normalized_shape, **factory_kwargs))
-        else:
-            self.register_parameter("weight", None)
-        self.reset_parameters()
+        if isinstance(normalized_shape, numbers.Integral):
+            normalized_shape = (normalized_shape,)
+        super().__init__(normalized_shape, eps, elementwise_affine, device=device, dtype=dtype)
 
     def reset_parameters(self) -> None:
         """The identity scale: a weight of ones (``1 - weight_offset`` with an offset, so that
