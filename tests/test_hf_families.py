@@ -21,6 +21,10 @@ from __future__ import annotations
 
 import copy
 import importlib
+import io
+import pickle
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -371,6 +375,64 @@ def test_patching_one_model_leaves_another_unchanged(family):
     with torch.no_grad():
         after = second(input_ids=ids, labels=ids)
     assert torch.equal(after.logits, before)
+
+
+def _kinds(model) -> list:
+    return [(name, families.patched_kind(m)) for name, m in model.named_modules()]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_patched_model_pickles_with_its_patch(family):
+    """``torch.save(model)`` (and a process spawned with the model) pickles it: each patched
+    module as the class it was made from and how, loaded as the same patched module."""
+    model, _, _, _ = patched(family)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    assert _kinds(loaded) == _kinds(model) and any(kind for _, kind in _kinds(model))
+    assert [type(m) for m in loaded.modules()] == [type(m) for m in model.modules()]
+    ids = tokens()
+    with torch.no_grad():
+        want, got = model(input_ids=ids, labels=ids), loaded(input_ids=ids, labels=ids)
+    assert torch.equal(got.loss, want.loss)
+
+
+def test_a_patched_attention_whose_class_is_unknown_at_load_is_refused(monkeypatch):
+    """Loaded under a transformers whose attention class patch_model does not know (here: the
+    recipe lookup finds none, the made classes forgotten), the load says so by name."""
+    model, _, _, _ = patched("llama")
+    data = pickle.dumps(model.model.layers[0].self_attn)
+    monkeypatch.setattr(families, "_forward_with_rope", lambda cls: None)
+    families._subclass.cache_clear()
+    with pytest.raises(RuntimeError, match="LlamaAttention patched for rope cannot be loaded"):
+        pickle.loads(data)
+    families._subclass.cache_clear()
+
+
+def test_a_patched_model_loads_in_a_new_process(tmp_path):
+    """The classes patch_model made do not exist in a fresh process: unpickling builds them
+    again from the importable classes, and the loaded model computes what the saved one did."""
+    model, _, _, _ = patched("llama")
+    ids = tokens()
+    with torch.no_grad():
+        want = model(input_ids=ids, labels=ids).loss.item()
+    torch.save((model, ids), tmp_path / "model.pt")
+    script = (
+        "import sys, torch, warnings; warnings.simplefilter('ignore')\n"
+        "import triton_workshop\n"
+        "from triton_workshop.integrations.transformers import families\n"
+        "model, ids = torch.load(sys.argv[1], weights_only=False)\n"
+        "kinds = sorted({families.patched_kind(m) or '' for m in model.modules()} - {''})\n"
+        "with torch.no_grad():\n"
+        "    print(','.join(kinds), repr(model(input_ids=ids, labels=ids).loss.item()))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path / "model.pt")],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    kinds, loss = out.stdout.split()[-2:]
+    assert kinds.split(",") == sorted({k for _, k in _kinds(model) if k})
+    torch.testing.assert_close(float(loss), want, rtol=1e-6, atol=0)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -63,7 +63,9 @@ its config) computes as before. What it changes, each counted under its kind:
 
 Modules recognised by what their code computes (:mod:`.families`); a module of a kind asked for
 that cannot be taken is listed in the result's ``skipped`` and a ``PatchWarning``; in place, the
-same Parameters and state_dict keys; compiled models refused before anything changes.
+same Parameters and state_dict keys; compiled models refused before anything changes. A patched
+model deep-copies and pickles (``torch.save(model)``, a process spawned with it) with its patch:
+a module's class is saved as the transformers class it was made from, and loading makes it again.
 
 Here: the attention implementation and ``patch_model`` itself; beside it, :mod:`.conv1d`
 (GPT-2's Conv1D), :mod:`.module_plans` (the plan for RMSNorms, MLPs and decoder layers),
@@ -396,7 +398,7 @@ def _plan_attention(model, flags, plan, changes):
         if flags["rope"] and families.patched_kind(module) is None:
             forward = families.attention_forward_with_rope(module)
             if forward is not None and not families.forward_replaced(module):
-                changes.append(lambda m=module, f=forward: families.patch_rope(m, f))
+                changes.append(lambda m=module: families.patch_rope(m))
                 plan.counts["rope"] += 1
             elif "apply_rotary_pos_emb" in vars(importlib.import_module(type(module).__module__)):
                 plan.skip(name, "rope", families.forward_replaced(module) or (

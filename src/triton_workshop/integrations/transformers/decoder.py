@@ -288,6 +288,16 @@ def layer_recipe(layer: nn.Module) -> tuple[LayerRecipe | None, str | None]:
     return (None, reason) if reason else (recipe, None)
 
 
-def patch_layer(layer: nn.Module, recipe: LayerRecipe) -> None:
-    families.give_class(layer, "add_rms_norm", forward=recipe.forward,
-                        _triton_workshop_recipe=recipe)  # fmt: skip
+def patch_layer(layer: nn.Module) -> None:
+    """The layer's residual add fused into the norm after it (:func:`layer_recipe` says whether
+    its class has a recipe)."""
+    families.give_class(layer, "add_rms_norm", _layer_members, type(layer))
+
+
+def _layer_members(cls: type) -> dict:
+    """What :func:`patch_layer` adds to a layer of class ``cls`` (its recipe is the class's:
+    rebuilt from the class alone when a pickled layer is loaded)."""
+    recipe = _class_recipe(cls)
+    if recipe is None:  # a layer pickled under another transformers
+        raise families.not_rebuilt(cls, "add_rms_norm")
+    return dict(forward=recipe.forward, _triton_workshop_recipe=recipe)

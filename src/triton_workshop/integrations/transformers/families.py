@@ -84,13 +84,17 @@ def _module_globals(cls: type) -> dict:
 # --------------------------------------------------------------------------------------------
 #: Marks the classes made here: (their kind, the class they were made from).
 PATCHED_ATTR = "_triton_workshop_patched"
+#: What a class made here was built from: ``(members, args)`` (see :func:`give_class`).
+_BUILT_FROM = "_triton_workshop_built_from"
 
 
 @functools.lru_cache(maxsize=None)
-def _subclass(cls: type, kind: str, namespace_items: tuple) -> type:
-    namespace = dict(namespace_items)
-    namespace.update(__module__=cls.__module__, __qualname__=cls.__qualname__)
+def _subclass(cls: type, kind: str, members: Callable, args: tuple) -> type:
+    namespace = dict(members(*args))
+    namespace.update(__module__=cls.__module__, __qualname__=cls.__qualname__,
+                     __reduce_ex__=_reduce_patched)
     namespace[PATCHED_ATTR] = (kind, cls)
+    namespace[_BUILT_FROM] = (members, args)
     return type(cls.__name__, (cls,), namespace)
 
 
@@ -105,10 +109,32 @@ def original_class(module: nn.Module) -> type:
     return getattr(type(module), PATCHED_ATTR)[1]
 
 
-def give_class(module: nn.Module, kind: str, **namespace) -> None:
-    """Make ``module`` an instance of a subclass of its class with ``namespace`` (methods,
-    constants) added; one such class per original class and namespace."""
-    module.__class__ = _subclass(type(module), kind, tuple(sorted(namespace.items())))
+def give_class(module: nn.Module, kind: str, members: Callable, *args) -> None:
+    """Make ``module`` an instance of a subclass of its class with ``members(*args)`` (a dict of
+    methods and constants) added; one such class per original class, members and args.
+    ``members`` is a module-level function and ``args`` are picklable, so that a patched module
+    pickles (``torch.save(model)``, a process spawned with it): as its original class and these,
+    from which unpickling builds the same class again (:func:`_rebuild_patched`)."""
+    module.__class__ = _subclass(type(module), kind, members, tuple(args))
+
+
+def _reduce_patched(self, protocol):
+    """Pickle (and deepcopy) a patched module as the importable class it was made from and the
+    steps that made its class, not as the made class, which no import can find."""
+    steps = []
+    cls = type(self)
+    while _BUILT_FROM in vars(cls):
+        kind, parent = vars(cls)[PATCHED_ATTR]
+        steps.append((kind, *vars(cls)[_BUILT_FROM]))
+        cls = parent
+    return _rebuild_patched, (cls, tuple(reversed(steps))), self.__getstate__()
+
+
+def _rebuild_patched(cls: type, steps: tuple) -> nn.Module:
+    """An empty instance of the class ``steps`` make from ``cls`` (its state is set next)."""
+    for kind, members, args in steps:
+        cls = _subclass(cls, kind, members, args)
+    return cls.__new__(cls)
 
 
 def forward_replaced(module: nn.Module) -> str | None:
@@ -165,8 +191,12 @@ def _rms_norm_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
     )  # fmt: skip
 
 
+def _rms_norm_members(recipe: NormRecipe) -> dict:
+    return dict(forward=_rms_norm_forward, _triton_workshop_recipe=recipe)
+
+
 def patch_rms_norm(module: nn.Module, recipe: NormRecipe) -> None:
-    give_class(module, "rms_norm", forward=_rms_norm_forward, _triton_workshop_recipe=recipe)
+    give_class(module, "rms_norm", _rms_norm_members, recipe)
 
 
 # --------------------------------------------------------------------------------------------
@@ -263,9 +293,13 @@ def _fused_gate_up_mlp_forward(self, hidden_states: torch.Tensor) -> torch.Tenso
     return _project(self.down_proj, glu_halves(gate_up, self._triton_workshop_recipe.activation))
 
 
-def patch_mlp(module: nn.Module, recipe: MLPRecipe) -> None:
+def _mlp_members(recipe: MLPRecipe) -> dict:
     forward = _gated_mlp_forward if recipe.layout == "gate_up_down" else _fused_gate_up_mlp_forward
-    give_class(module, recipe.glu, forward=forward, _triton_workshop_recipe=recipe)
+    return dict(forward=forward, _triton_workshop_recipe=recipe)
+
+
+def patch_mlp(module: nn.Module, recipe: MLPRecipe) -> None:
+    give_class(module, recipe.glu, _mlp_members, recipe)
 
 
 # --------------------------------------------------------------------------------------------
@@ -363,5 +397,23 @@ def _forward_with_rope(cls: type) -> Callable | None:
     return None
 
 
-def patch_rope(attention: nn.Module, forward: Callable) -> None:
-    give_class(attention, "rope", forward=forward)
+def _rope_members(cls: type) -> dict:
+    forward = _forward_with_rope(cls)
+    if forward is None:  # a module pickled under another transformers
+        raise not_rebuilt(cls, "rope")
+    return dict(forward=forward)
+
+
+def not_rebuilt(cls: type, kind: str) -> RuntimeError:
+    """The error of a patched module that cannot be unpickled here: its class has no recipe
+    under the installed transformers."""
+    return RuntimeError(
+        f"a {cls.__qualname__} patched for {kind} cannot be loaded here: this transformers' "
+        f"{cls.__qualname__} is not one patch_model knows; load the model with the transformers "
+        "it was saved under, or save its state_dict and patch the model again")
+
+
+def patch_rope(attention: nn.Module) -> None:
+    """The attention's forward calling our RoPE (:func:`attention_forward_with_rope` says
+    whether there is one)."""
+    give_class(attention, "rope", _rope_members, type(attention))

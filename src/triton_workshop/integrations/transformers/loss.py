@@ -307,9 +307,24 @@ def _forward_for(cls: type, impl=_causal_lm_forward):
 def patch_loss(model: nn.Module) -> None:
     """The per-instance classes of the module docstring (checked by :func:`loss_reason`)."""
     _find_loss_functions(model)
-    give_class(model.lm_head, "cross_entropy_head", forward=_lm_head_forward)
-    give_class(model, "cross_entropy", forward=_forward_for(type(model)),
-               loss_function=property(_loss_function, _set_loss_function))  # fmt: skip
+    give_class(model.lm_head, "cross_entropy_head", _lm_head_members)
+    give_class(model, "cross_entropy", _fused_loss_members, type(model))
+
+
+def _lm_head_members() -> dict:
+    return dict(forward=_lm_head_forward)
+
+
+def _fused_loss_members(cls: type) -> dict:
+    return dict(forward=_forward_for(cls),
+                loss_function=property(_loss_function, _set_loss_function))
+
+
+def _logits_loss_members(cls: type, loss_only: bool) -> dict:
+    members = dict(loss_function=property(_loss_function, _set_loss_function))
+    if loss_only:
+        members["forward"] = _forward_for(cls, _logits_loss_forward)
+    return members
 
 
 def patch_logits_loss(model: nn.Module, *, loss_only: bool = False) -> None:
@@ -319,10 +334,7 @@ def patch_logits_loss(model: nn.Module, *, loss_only: bool = False) -> None:
     ``compiled=True`` passes): the forward's output with a loss has ``logits=None``, as the
     fused path's, unless the call passes ``return_logits=True``."""
     _find_loss_functions(model)
-    members = dict(loss_function=property(_loss_function, _set_loss_function))
-    if loss_only:
-        members["forward"] = _forward_for(type(model), _logits_loss_forward)
-    give_class(model, "cross_entropy_logits", **members)
+    give_class(model, "cross_entropy_logits", _logits_loss_members, type(model), loss_only)
 
 
 def logits_loss_reason(model: nn.Module) -> str | None:

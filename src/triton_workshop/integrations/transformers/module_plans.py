@@ -75,5 +75,5 @@ def plan_decoder_layers(model, plan, changes, norms: set[int], compiled: bool = 
         if reason:
             plan.skip(name, "add_rms_norm", reason)
             continue
-        changes.append(lambda m=layer, r=recipe: decoder.patch_layer(m, r))
+        changes.append(lambda m=layer: decoder.patch_layer(m))
         plan.counts["add_rms_norm"] += 1
