@@ -85,6 +85,21 @@ def poisoned_new_empty(monkeypatch):
     monkeypatch.setattr(torch.Tensor, "new_empty", poisoned)
 
 
+def view_past_2_31(values: torch.Tensor, strides: tuple) -> torch.Tensor:
+    """``values`` copied into a view with ``strides`` (elements) over a storage of more than
+    2**31 elements, where the view's last elements lie past 2**31 from the first: the kernels'
+    offsets must be computed in 64 bits. Only the view is written: the rest of the storage is
+    never touched (on the CPU its pages are never even committed), so the test costs the
+    view's size in time and memory, and 4 GiB of address space (bf16/fp16)."""
+    span = 1 + sum((n - 1) * st for n, st in zip(values.shape, strides))
+    assert span > 2**31, f"the view spans {span} elements, not past 2**31"
+    storage = torch.empty(span, dtype=values.dtype, device=values.device)
+    view = storage.as_strided(values.shape, strides)
+    with torch.no_grad():
+        view.copy_(values)
+    return view.detach().requires_grad_(values.requires_grad)
+
+
 def _in_nan_storage(values: torch.Tensor, transpose: bool = False) -> torch.Tensor:
     """``values`` as a view into NaN-filled storage whose rows are padded to 16 elements, with
     2 more NaN rows below: aligned as Triton sees it, so it is read in place, padding and all.

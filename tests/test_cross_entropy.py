@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import triton_workshop  # noqa: F401  (decides interpreter-or-GPU before the kernels import)
+from conftest import view_past_2_31
 from triton_workshop.ops import cross_entropy as ce_ops
 from triton_workshop.ops.cross_entropy import (
     ChunkPlan,
@@ -179,6 +180,16 @@ def test_cross_entropy_strided_input(path, layout, in_nan_storage):
     assert not x.is_contiguous()
     x.requires_grad_()
     _ce_grad_check(x, _targets(7, 130, ignored=[2]), label_smoothing=0.1)
+
+
+@pytest.mark.big_memory
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_cross_entropy_rows_past_2_31_elements(path, reduction):
+    """Rows 2**30 elements apart, read in place: the last starts past 2**31 elements from the
+    first, so a row's offset must be 64-bit (an int32 one would read another row)."""
+    values = _randn(3, 130, dtype=torch.bfloat16, scale=2.0).requires_grad_()
+    x = view_past_2_31(values, (2**30 + 7, 1))
+    _ce_grad_check(x, _targets(3, 130, ignored=[1]), reduction=reduction)
 
 
 def test_cross_entropy_one_row_input():

@@ -20,7 +20,7 @@ from triton_workshop.nn.rms_norm import RMSNorm
 from triton_workshop.ops import rms_norm as rms_norm_ops
 from triton_workshop.ops.rms_norm import add_rms_norm, rms_norm
 from triton_workshop.runtime import DEVICE, INTERPRET
-from conftest import shorter_norm_paths
+from conftest import shorter_norm_paths, view_past_2_31
 
 TOLERANCES = {
     torch.float64: dict(atol=1e-10, rtol=1e-10),
@@ -161,6 +161,17 @@ def test_non_contiguous_input_and_grad(path):
         assert not t.is_contiguous()
         dy = _randn(t.shape[1], t.shape[0], seed=9).t()
         _check(t, t.shape[-1], _weight((t.shape[-1],)), dy=dy)
+
+
+@pytest.mark.big_memory
+def test_rows_past_2_31_elements_apart(path):
+    """Rows 2**30 elements apart: the last starts past 2**31 from the first (a 64-bit row
+    offset), for rms_norm and for both operands of add_rms_norm."""
+    x = view_past_2_31(_randn(3, 40, dtype=torch.bfloat16).requires_grad_(), (2**30 + 9, 1))
+    r = view_past_2_31(_randn(3, 40, dtype=torch.bfloat16, seed=2).requires_grad_(),
+                       (2**30 + 11, 1))
+    _check(x, 40, _weight((40,), torch.bfloat16))
+    _check_add(x, r, 40, _weight((40,), torch.bfloat16))
 
 
 def test_poisoned_outputs_are_fully_written(path, poisoned_new_empty):

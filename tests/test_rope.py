@@ -16,6 +16,7 @@ import torch
 import triton
 
 import triton_workshop  # noqa: F401  (decides interpreter-or-GPU before the kernels import)
+from conftest import view_past_2_31
 from triton_workshop.ops import rope as rope_ops
 from triton_workshop.ops.rope import rope
 from triton_workshop.runtime import DEVICE, INTERPRET
@@ -370,6 +371,21 @@ def _t(*shape, dtype=torch.float32):
 def test_bad_input_is_refused_before_launch(args, kwargs, error, match):
     with pytest.raises(error, match=match):
         rope(*args(), **kwargs)
+
+
+@pytest.mark.big_memory
+@pytest.mark.parametrize("far", ["tokens", "heads"])
+def test_offsets_past_2_31_elements(rotate_half_path, far):
+    """q's last elements lie past 2**31 from its first: its tokens 2**30 elements apart (a
+    token's heads close: the one-step path's int32 offsets within a token from a 64-bit token
+    base) or its heads (the tiles' 64-bit offsets)."""
+    values = _randn((1, 3, 3, 8), torch.bfloat16, seed=5).requires_grad_()
+    far_apart, near = 2**30 + 64, {"tokens": 8, "heads": 24}[far]
+    strides = (1, near, far_apart, 1) if far == "tokens" else (1, far_apart, near // 3, 1)
+    q = view_past_2_31(values, strides)
+    k = _randn((1, 2, 3, 8), torch.bfloat16, seed=6).requires_grad_()
+    cos, sin = _cos_sin((1, 3), 8, dtype=torch.bfloat16)
+    _check(q, k, cos, sin)
 
 
 def test_one_step_only_where_offsets_within_a_token_fit_int32():
