@@ -17,11 +17,12 @@ The output then carries ``logits=None``. Pass ``return_logits=True`` to the call
 own path. A call that torch.compile traces (below), and a model patched with ``compiled=True``,
 give ``logits=None`` with a loss too, unless the call passes ``return_logits=True``: an output
 of a compiled graph that requires grad gets a zero-filled gradient in its backward, for the
-logits a tensor of their size where the step uses only the loss. The model's own path also runs whenever this one would not be exact: no labels
-(generation), ``logits_to_keep`` set, ``return_dict=False``, a final-logit soft-capping in the
-config (Gemma 2/3: the loss of the capped logits is not the loss of ``lm_head``'s), a loss
-function other than transformers' ``ForCausalLMLoss``, and a call that ``torch.compile`` traces:
-the rerouting changes modules in the middle of the call, which it cannot trace.
+logits a tensor of their size where the step uses only the loss. The model's own path also
+runs whenever this one would not be exact: no labels (generation), ``logits_to_keep`` set,
+``return_dict=False``, a final-logit soft-capping in the config (Gemma 2/3: the loss of the
+capped logits is not the loss of ``lm_head``'s), a loss function other than transformers'
+``ForCausalLMLoss``, and a call that ``torch.compile`` traces: the rerouting changes modules in
+the middle of the call, which it cannot trace.
 
 Where the model's own path runs with ``ForCausalLMLoss``, its cross-entropy runs on
 :func:`~triton_workshop.ops.cross_entropy.cross_entropy` (:func:`logits_loss`): the logits are
@@ -286,6 +287,11 @@ def _set_loss_function(self, value):
     inspect.getattr_static(original_class(self), "loss_function").__set__(self, value)
 
 
+#: The patched model's ``loss_function``: :func:`_loss_function`, its setter writing through to
+#: the original class's.
+_LOSS_FUNCTION = property(_loss_function, _set_loss_function)
+
+
 @functools.lru_cache(maxsize=None)
 def _forward_for(cls: type, impl=_causal_lm_forward):
     """``impl`` (``_causal_lm_forward`` or ``_logits_loss_forward``) showing ``cls.forward``'s
@@ -316,12 +322,11 @@ def _lm_head_members() -> dict:
 
 
 def _fused_loss_members(cls: type) -> dict:
-    return dict(forward=_forward_for(cls),
-                loss_function=property(_loss_function, _set_loss_function))
+    return dict(forward=_forward_for(cls), loss_function=_LOSS_FUNCTION)
 
 
 def _logits_loss_members(cls: type, loss_only: bool) -> dict:
-    members = dict(loss_function=property(_loss_function, _set_loss_function))
+    members = dict(loss_function=_LOSS_FUNCTION)
     if loss_only:
         members["forward"] = _forward_for(cls, _logits_loss_forward)
     return members
